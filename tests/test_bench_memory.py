@@ -1,0 +1,53 @@
+"""The end-to-end memory benchmark's pure parts: the batch search and the metrics summary."""
+
+import json
+
+import pytest
+
+from grpo_tui.bench_memory import _impl_list, _int_list, _summarise, find_max_batch
+
+
+@pytest.mark.parametrize("capacity", [0, 8, 24, 64, 72, 1000, 4096])
+def test_find_max_batch_finds_the_largest_fitting_multiple(capacity):
+    calls = []
+
+    def fits(batch):
+        calls.append(batch)
+        return batch <= capacity
+
+    best, tried = find_max_batch(fits, step=8, start=16, limit=4096)
+    assert best == (min(capacity, 4096) // 8) * 8
+    assert tried == calls
+    assert all(b % 8 == 0 for b in tried)
+    # Doubling then bisection: logarithmic in the range, never a linear scan.
+    assert len(tried) <= 2 * 10
+
+
+def test_summarise_reads_phase_peaks_step_time_and_oom(tmp_path):
+    recs = [
+        {"v": 1, "event": "start", "time": 0},
+        {"v": 1, "step": 1, "time": 1, "step_time": 9.0,
+         "memory": {"gpus": [{"peak_mib": 2048}], "phases": {"generation": 1024, "loss": 3072}}},
+        {"v": 1, "step": 2, "time": 2, "step_time": 2.0,
+         "memory": {"gpus": [{"peak_mib": 1024}], "phases": {"generation": 4096, "loss": 512}}},
+        {"v": 1, "event": "oom", "phase": "scoring", "step": 3, "time": 3},
+    ]
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in recs) + '{"step": 3, "trunc')
+    phases, peak, step_s, oom = _summarise(tmp_path)
+    assert phases == {"generation": 4.0, "loss": 3.0}
+    assert peak == 4.0
+    assert step_s == 2.0  # the first (warm-up) step is left out
+    assert oom["phase"] == "scoring"
+
+
+def test_list_arguments_reject_bad_values():
+    import argparse
+
+    assert _int_list("8,16") == [8, 16]
+    assert _impl_list("chunked,trl") == ["chunked", "trl"]
+    for bad in ("8,x", "0", ""):
+        with pytest.raises(argparse.ArgumentTypeError):
+            _int_list(bad)
+    with pytest.raises(argparse.ArgumentTypeError, match="allowed"):
+        _impl_list("chunked,fast")
