@@ -1,0 +1,79 @@
+"""Naive GRPO loss with materialised logits: the test reference (run it in fp64) and the `naive` baseline.
+
+Autograd does everything here; the full `[B, T, V]` logits exist, which is exactly what the chunked
+kernel avoids.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .checks import check_head, check_loss_args
+from .loss_math import GrpoMetrics, finish_metrics, per_token_loss, token_weights
+
+
+def reference_logprobs(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    ids: torch.Tensor,
+    *,
+    bias: torch.Tensor | None = None,
+    temperature: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-probs of `ids` and entropies from full logits, differentiable.
+
+    The logits GEMM runs in the inputs' dtype; the softmax in fp32 (fp64 for fp64 inputs), as TRL did
+    before its fused head.
+
+    Returns:
+        (log-probs, entropies), each of shape ids.shape.
+    """
+    logits = hidden @ weight.t()
+    if bias is not None:
+        logits = logits + bias
+    logits = logits.to(torch.float64 if hidden.dtype == torch.float64 else torch.float32) / temperature
+    logp_all = torch.log_softmax(logits, dim=-1)
+    logps = logp_all.gather(-1, ids.long().unsqueeze(-1)).squeeze(-1)
+    entropies = -(logp_all.exp() * logp_all).sum(-1)
+    return logps, entropies
+
+
+def reference_grpo_loss(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    completion_ids: torch.Tensor,
+    completion_mask: torch.Tensor,
+    advantages: torch.Tensor,
+    *,
+    bias: torch.Tensor | None = None,
+    old_logps: torch.Tensor | None = None,
+    ref_logps: torch.Tensor | None = None,
+    beta: float = 0.0,
+    epsilon_low: float = 0.2,
+    epsilon_high: float = 0.2,
+    loss_type: str = "dapo",
+    temperature: float = 1.0,
+    max_completion_length: int | None = None,
+    num_items_in_batch: float | torch.Tensor | None = None,
+    importance_sampling_level: str = "token",
+) -> tuple[torch.Tensor, GrpoMetrics]:
+    """Same contract as `grpo_kernels.fused_linear_grpo_loss`, computed from materialised logits."""
+    check_head(hidden, weight, completion_ids, bias)
+    check_loss_args(
+        hidden, completion_mask, advantages, old_logps, ref_logps, beta=beta, epsilon_low=epsilon_low,
+        epsilon_high=epsilon_high, loss_type=loss_type, temperature=temperature,
+        max_completion_length=max_completion_length, importance_sampling_level=importance_sampling_level,
+        chunk_tokens=None,
+    )  # fmt: skip
+    logps, entropies = reference_logprobs(hidden, weight, completion_ids, bias=bias, temperature=temperature)
+    mask = completion_mask.to(logps.dtype)
+    loss_tok, stats = per_token_loss(
+        logps, old_logps, ref_logps, advantages.to(logps.dtype).unsqueeze(1), mask, beta=beta,
+        epsilon_low=epsilon_low, epsilon_high=epsilon_high, importance_sampling_level=importance_sampling_level,
+    )  # fmt: skip
+    w = token_weights(
+        mask, loss_type, max_completion_length=max_completion_length, num_items_in_batch=num_items_in_batch,
+        dtype=logps.dtype,
+    )  # fmt: skip
+    loss = (loss_tok * w).sum()
+    return loss, finish_metrics(stats, logps.detach(), entropies.detach(), mask)

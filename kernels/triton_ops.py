@@ -1,0 +1,196 @@
+"""Memory-bound passes over one chunk's logits: Triton kernels, each with a torch twin of the same signature.
+
+The chunk's logits `[n, V]` come from cuBLAS. Two passes then touch them:
+1. `row_stats`: one read; per (row, vocab segment) the running max, sum of exp and the entropy term,
+   plus the target's logit. `combine_stats` folds the segments into log-prob, entropy and logsumexp.
+2. `logits_to_grad`: one read + one write; overwrites the logits in place with
+   d(loss)/d(logits) = g * (onehot(target) - softmax) / T, ready for the gradient GEMMs.
+
+The twins run where Triton cannot (CPU without `TRITON_INTERPRET=1`, no Triton installed) and in tests.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+
+    HAS_TRITON = True
+except ImportError:  # pragma: no cover - Triton ships with torch on Linux
+    HAS_TRITON = False
+
+# Read once at import, as Triton itself does when it decorates the kernels below
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+# Vocabulary columns per program of `row_stats` (a multiple of its block): ~10 programs per row at V=152k
+STATS_SEGMENT = 16384
+# Columns per loop step of `row_stats`
+STATS_BLOCK = 2048
+# Columns per program of `logits_to_grad`
+GRAD_BLOCK = 4096
+# Tests set this to "torch" or "triton" to pin a backend; None picks by device
+FORCE_BACKEND: str | None = None
+
+
+def use_triton(device: torch.device) -> bool:
+    """Whether the Triton kernels can run on tensors of `device` (CUDA, or CPU under the interpreter)."""
+    if FORCE_BACKEND is not None:
+        return FORCE_BACKEND == "triton"
+    if not HAS_TRITON:
+        return False
+    return device.type == "cuda" or (INTERPRET and device.type == "cpu")
+
+
+def _jit(fn):
+    return triton.jit(fn) if HAS_TRITON else fn
+
+
+@_jit
+def _row_stats_kernel(
+    logits_ptr,
+    stride,
+    targets_ptr,
+    part_max_ptr,
+    part_sum_ptr,
+    part_xsum_ptr,
+    target_logit_ptr,
+    n_cols,
+    n_seg,
+    inv_t,
+    SEG: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    # One program per (row, vocab segment): online max / sum-exp / sum exp*(z - max) over the segment
+    row = tl.program_id(0).to(tl.int64)
+    seg = tl.program_id(1)
+    inv_t = tl.cast(inv_t, tl.float32)
+    row_ptr = logits_ptr + row * stride
+    seg_start = seg * SEG
+    seg_end = tl.minimum(seg_start + SEG, n_cols)
+    m = tl.full((), -float("inf"), tl.float32)
+    s = tl.full((), 0.0, tl.float32)
+    xs = tl.full((), 0.0, tl.float32)
+    # Every step has at least one valid column, so each step's max is finite
+    for start in range(seg_start, seg_end, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        valid = cols < seg_end
+        z = tl.load(row_ptr + cols, mask=valid, other=0.0).to(tl.float32) * inv_t
+        new_m = tl.maximum(m, tl.max(tl.where(valid, z, -float("inf")), axis=0))
+        d = tl.where(valid, z - new_m, 0.0)
+        e = tl.where(valid, tl.exp(d), 0.0)
+        alpha = tl.exp(m - new_m)
+        # xs is kept relative to the running max so large logit offsets do not cancel in the entropy
+        shift = tl.where(s > 0, m - new_m, 0.0) * s
+        xs = alpha * (xs + shift) + tl.sum(e * d, axis=0)
+        s = alpha * s + tl.sum(e, axis=0)
+        m = new_m
+    out = row * n_seg + seg
+    tl.store(part_max_ptr + out, m)
+    tl.store(part_sum_ptr + out, s)
+    tl.store(part_xsum_ptr + out, xs)
+    target = tl.load(targets_ptr + row)
+    if (target >= seg_start) & (target < seg_end):
+        tl.store(target_logit_ptr + row, tl.load(row_ptr + target).to(tl.float32) * inv_t)
+
+
+def _row_stats_torch(
+    logits, stride, targets, part_max, part_sum, part_xsum, target_logit, n_cols, n_seg, inv_t, SEG, BLOCK
+):
+    # `_row_stats_kernel` in torch: each segment at once instead of BLOCK-wide steps
+    del stride, BLOCK
+    for seg in range(n_seg):
+        z = logits[:, seg * SEG : min((seg + 1) * SEG, n_cols)].to(part_max.dtype) * inv_t
+        m = z.amax(-1)
+        d = z - m.unsqueeze(-1)
+        e = torch.exp(d)
+        part_max[:, seg] = m
+        part_sum[:, seg] = e.sum(-1)
+        part_xsum[:, seg] = (e * d).sum(-1)
+    target_logit.copy_(logits.gather(1, targets.unsqueeze(1)).squeeze(1).to(target_logit.dtype) * inv_t)
+
+
+@_jit
+def _logits_to_grad_kernel(logits_ptr, stride, targets_ptr, lse_ptr, grad_ptr, n_cols, inv_t, BLOCK: tl.constexpr):
+    # In place: logits -> g * (onehot(target) - softmax(logits / T)) / T
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    valid = cols < n_cols
+    inv_t = tl.cast(inv_t, tl.float32)
+    ptrs = logits_ptr + row * stride + cols
+    z = tl.load(ptrs, mask=valid, other=0.0).to(tl.float32) * inv_t
+    p = tl.exp(z - tl.load(lse_ptr + row))
+    g = tl.load(grad_ptr + row) * inv_t
+    onehot = (cols == tl.load(targets_ptr + row)).to(tl.float32)
+    tl.store(ptrs, (g * (onehot - p)).to(logits_ptr.dtype.element_ty), mask=valid)
+
+
+def _logits_to_grad_torch(logits, stride, targets, lse, grad, n_cols, inv_t, BLOCK):
+    # `_logits_to_grad_kernel` in torch: the whole chunk at once
+    del stride, n_cols, BLOCK
+    p = torch.exp(logits.to(lse.dtype) * inv_t - lse.unsqueeze(1))
+    out = -p
+    out.scatter_add_(1, targets.unsqueeze(1), torch.ones_like(lse).unsqueeze(1))
+    logits.copy_(out * (grad * inv_t).unsqueeze(1))
+
+
+def _pow2_at_most(n: int, cap: int) -> int:
+    return min(cap, 1 << max(0, (n - 1).bit_length()))
+
+
+def logprob_stats(
+    logits: torch.Tensor, targets: torch.Tensor, inv_t: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Log-prob of each row's target, entropy and logsumexp of `logits * inv_t`.
+
+    Args:
+        logits: [n, V] chunk of logits (row stride may exceed V).
+        targets: [n] int64 target ids in [0, V).
+        inv_t: 1 / temperature.
+
+    Returns:
+        ([n] log-probs, [n] entropies, [n] logsumexp), fp32 (fp64 for fp64 logits).
+    """
+    n, n_cols = logits.shape
+    stats_dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
+    block = _pow2_at_most(n_cols, STATS_BLOCK)
+    seg = max(block, STATS_SEGMENT // block * block)
+    n_seg = -(-n_cols // seg)
+    parts = torch.empty((3, n, n_seg), device=logits.device, dtype=stats_dtype)
+    target_logit = torch.empty((n,), device=logits.device, dtype=stats_dtype)
+    args = (logits, logits.stride(0), targets, parts[0], parts[1], parts[2], target_logit, n_cols, n_seg, inv_t)
+    if use_triton(logits.device):
+        _row_stats_kernel[(n, n_seg)](*args, SEG=seg, BLOCK=block, num_warps=8)
+    else:
+        _row_stats_torch(*args, SEG=seg, BLOCK=block)
+    return combine_stats(parts[0], parts[1], parts[2], target_logit)
+
+
+def combine_stats(
+    part_max: torch.Tensor, part_sum: torch.Tensor, part_xsum: torch.Tensor, target_logit: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Fold per-segment statistics [n, n_seg] into (log-prob, entropy, logsumexp) per row."""
+    m = part_max.amax(1, keepdim=True)
+    a = torch.exp(part_max - m)
+    s = (a * part_sum).sum(1)
+    xs = (a * (part_xsum + (part_max - m) * part_sum)).sum(1)
+    log_s = torch.log(s)
+    lse = m.squeeze(1) + log_s
+    return target_logit - lse, log_s - xs / s, lse
+
+
+def logits_to_grad(
+    logits: torch.Tensor, targets: torch.Tensor, lse: torch.Tensor, grad_logps: torch.Tensor, inv_t: float
+) -> None:
+    """Overwrite `logits` [n, V] with d(loss)/d(logits) given d(loss)/d(log-prob) `grad_logps` [n]."""
+    n, n_cols = logits.shape
+    if use_triton(logits.device):
+        block = _pow2_at_most(n_cols, GRAD_BLOCK)
+        grid = (n, -(-n_cols // block))
+        _logits_to_grad_kernel[grid](
+            logits, logits.stride(0), targets, lse, grad_logps, n_cols, inv_t, BLOCK=block, num_warps=8
+        )
+    else:
+        _logits_to_grad_torch(logits, logits.stride(0), targets, lse, grad_logps, n_cols, inv_t, GRAD_BLOCK)
