@@ -1,10 +1,319 @@
-"""grpo-tui command line (placeholder until the spine's CLI lands)."""
+"""The `grpo-tui` command line.
+
+Imports stay light at module level (argparse only): torch, transformers and Textual load only in
+the subcommands that need them, so `grpo-tui presets list` answers at once.
+"""
 
 from __future__ import annotations
 
+import argparse
+import importlib
+import inspect
 import sys
+from pathlib import Path
+from typing import Any, Callable
+
+# Subcommands implemented elsewhere: (argv words) -> (module, function). Each gets the rest of argv.
+PASSTHROUGH: dict[tuple[str, ...], tuple[str, str]] = {
+    ("bench", "kernel"): ("grpo_kernels.bench", "main"),
+    ("bench", "memory"): ("grpo_tui.bench_memory", "main"),
+    ("max-batch",): ("grpo_tui.bench_memory", "max_batch_main"),
+    ("check",): ("grpo_tui.check", "main"),
+    ("screenshots",): ("grpo_tui.screenshots", "main"),
+}
+EXIT_USAGE = 2  # bad input (argparse uses 2 as well)
 
 
 def main(argv: list[str] | None = None) -> int:
-    print("grpo-tui: under construction", file=sys.stderr)
-    return 1
+    """Entry point of the `grpo-tui` console script; returns the exit code."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        passthrough = _passthrough(argv)
+        if passthrough is not None:
+            return passthrough
+        args = build_parser().parse_args(argv)
+        if args.command is None:
+            return _bare()
+        return int(args.handler(args) or 0)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:
+        from grpo_tui.preset_store import PresetError  # imported late: it loads pydantic
+
+        if not isinstance(exc, PresetError):
+            raise
+        for line in exc.lines:
+            print(line, file=sys.stderr)
+        return EXIT_USAGE
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="grpo-tui",
+        description="Terminal dashboard and runner for GRPO fine-tuning. Without a command: the app "
+        "(in a terminal) or the tiny-cpu preset headless.",
+    )
+    sub = parser.add_subparsers(
+        dest="command",
+        metavar="{run,presets,runs,control,check,bench,max-batch,screenshots}",
+    )
+
+    run = sub.add_parser("run", help="start a preset (name from `presets list` or a .toml path)")
+    run.add_argument("preset", help="preset name or path to a .toml file")
+    _add_set(run)
+    run.add_argument("--headless", action="store_true", help="progress lines instead of the app")
+    run.add_argument("--detach", action="store_true", help="start in the background and print the run folder")
+    run.add_argument("--runs-dir", type=Path, help="parent folder of run folders (default: logging.runs_dir)")
+    run.set_defaults(handler=_cmd_run)
+
+    presets = sub.add_parser("presets", help="list, show or validate presets")
+    psub = presets.add_subparsers(dest="presets_command", metavar="{list,show,validate}", required=True)
+    plist = psub.add_parser("list", help="built-in and user presets")
+    plist.set_defaults(handler=_cmd_presets_list)
+    show = psub.add_parser("show", help="the resolved preset (defaults filled) and its launch command")
+    show.add_argument("preset", help="preset name or path to a .toml file")
+    _add_set(show)
+    show.set_defaults(handler=_cmd_presets_show)
+    validate = psub.add_parser("validate", help="check preset files; exit 2 with one line per problem")
+    validate.add_argument("files", nargs="+", help="preset names or .toml files")
+    validate.set_defaults(handler=_cmd_presets_validate)
+
+    runs = sub.add_parser("runs", help="list runs with their status")
+    runs.add_argument("--runs-dir", type=Path, default=Path("runs"), help="folder holding run folders (default: runs)")
+    runs.set_defaults(handler=_cmd_runs)
+
+    control = sub.add_parser("control", help="switch the loss implementation or stop a running run")
+    control.add_argument("run_dir", type=Path, help="the run folder")
+    action = control.add_mutually_exclusive_group(required=True)
+    action.add_argument("--loss-impl", choices=("chunked", "naive", "trl"), help="switch at the next step")
+    action.add_argument("--stop", action="store_true", help="stop at the next step boundary")
+    control.add_argument("--force", action="store_true", help="with --stop: kill the process group now")
+    control.set_defaults(handler=_cmd_control)
+
+    sup = sub.add_parser("supervise")  # internal: the detached supervisor (not in the command list)
+    sup.add_argument("run_dir", type=Path)
+    sup.set_defaults(handler=_cmd_supervise)
+
+    for words, (module, _) in PASSTHROUGH.items():
+        if len(words) == 1:
+            sub.add_parser(words[0], help=f"(see `grpo-tui {words[0]} --help`; from {module})", add_help=False)
+    sub.add_parser("bench", help="`bench kernel ...` or `bench memory ...`", add_help=False)
+    return parser
+
+
+def _add_set(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+        help="override a field, TOML value syntax (e.g. grpo.max_steps=5); repeatable",
+    )
+
+
+def _passthrough(argv: list[str]) -> int | None:
+    """Run a subcommand owned by another module, or None when argv is not one of them."""
+    if argv and argv[0] == "bench" and (len(argv) < 2 or ("bench", argv[1]) not in PASSTHROUGH):
+        print("grpo-tui bench: expected `bench kernel ...` or `bench memory ...`", file=sys.stderr)
+        return EXIT_USAGE
+    for words, (module_name, function) in PASSTHROUGH.items():
+        if tuple(argv[: len(words)]) == words:
+            target = _import_target(module_name, function, " ".join(words))
+            if target is None:
+                return 1
+            return int(target(argv[len(words):]) or 0)
+    return None
+
+
+def _import_target(module_name: str, function: str, label: str) -> Callable[[list[str]], Any] | None:
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and module_name.startswith(exc.name):
+            print(f"grpo-tui {label}: not available in this version ({module_name} is missing)", file=sys.stderr)
+            return None
+        raise
+    target = getattr(module, function, None)
+    if target is None:
+        print(f"grpo-tui {label}: not available in this version ({module_name}.{function} is missing)", file=sys.stderr)
+    return target
+
+
+def _tui_main(run_dir: Path | None = None) -> Callable[[], int] | None:
+    """The app's entry (attached to `run_dir` if given), or None when the app cannot be used."""
+    if not (sys.stdin.isatty() and sys.stdout.isatty()):
+        return None
+    try:
+        app = importlib.import_module("grpo_tui.app")
+    except ModuleNotFoundError as exc:
+        if exc.name in ("grpo_tui.app", "textual"):
+            return None
+        raise
+    entry = getattr(app, "main", None)
+    if entry is None:
+        return None
+    if run_dir is None:
+        return entry
+    if "run_dir" not in inspect.signature(entry).parameters:
+        return None
+    return lambda: entry(run_dir=run_dir)
+
+
+def _bare() -> int:
+    entry = _tui_main()
+    if entry is not None:
+        return int(entry() or 0)
+    from grpo_tui.preset_store import DEFAULT_PRESET
+
+    return _start(DEFAULT_PRESET, [], headless=True, detach=False, runs_dir=None)
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    return _start(args.preset, args.overrides, args.headless, args.detach, args.runs_dir)
+
+
+def _start(preset_arg: str, overrides: list[str], headless: bool, detach: bool, runs_dir: Path | None) -> int:
+    from grpo_tui.checks import check_preset
+    from grpo_tui.overrides import apply_overrides
+    from grpo_tui.preset_store import PresetError, load_preset
+    from grpo_tui import runner
+
+    preset, _ = load_preset(preset_arg)
+    preset = apply_overrides(preset, overrides)
+    result = check_preset(preset)
+    for note in result.notes:
+        print(f"note: {note}", file=sys.stderr)
+    if result.errors:
+        raise PresetError(result.errors)
+    run = runner.prepare_run(preset, [], runs_dir, check=False)
+    if detach:
+        pid = runner.spawn_detached(run.path)
+        print(f"{run.path} (supervisor pid {pid})")
+        return 0
+    entry = None if headless else _tui_main(run.path)
+    if entry is not None:
+        runner.spawn_detached(run.path)
+        return int(entry() or 0)
+    return runner.run_foreground(run.path, headless=True)
+
+
+def _cmd_presets_list(args: argparse.Namespace) -> int:
+    from grpo_tui.preset_store import BUILTIN_DIR, list_presets, user_presets_dir
+
+    entries = list_presets()
+    width = max([len(e.name) for e in entries] + [4])
+    print(f"{'NAME':<{width}}  {'ORIGIN':<8}  DESCRIPTION")
+    for entry in entries:
+        description = _description(entry.path)
+        origin = entry.origin + (" (shadows the built-in)" if entry.shadows_builtin else "")
+        print(f"{entry.name:<{width}}  {origin:<8}  {description}")
+    print(f"\nbuilt-in: {BUILTIN_DIR}\nuser:     {user_presets_dir()}")
+    return 0
+
+
+def _description(path: Path) -> str:
+    from grpo_tui.preset_store import PresetError, read_toml
+
+    try:
+        value = read_toml(path).get("description", "")
+    except PresetError as exc:
+        return f"(unreadable: {exc.lines[0]})"
+    return str(value)
+
+
+def _cmd_presets_show(args: argparse.Namespace) -> int:
+    from grpo_tui.checks import check_preset
+    from grpo_tui.launch import build_launch_command, format_command, launch_env, per_node_commands
+    from grpo_tui.overrides import apply_overrides
+    from grpo_tui.preset_store import dump_preset, load_preset
+
+    preset, path = load_preset(args.preset)
+    preset = apply_overrides(preset, args.overrides)
+    run_dir = Path(preset.logging.runs_dir) / f"<timestamp>-{preset.name}"
+    print(f"# {path}, resolved (every default filled in)")
+    print(dump_preset(preset))
+    print("# launch command:")
+    print("#   " + format_command(build_launch_command(preset, run_dir), launch_env(preset)))
+    if preset.distributed.num_machines > 1:
+        for rank, argv in enumerate(per_node_commands(preset, run_dir)):
+            print(f"#   machine_rank {rank}: " + format_command(argv, launch_env(preset)))
+    result = check_preset(preset, environment=False)
+    for line in result.errors:
+        print(f"# error: {line}")
+    for line in result.notes:
+        print(f"# note: {line}")
+    return EXIT_USAGE if result.errors else 0
+
+
+def _cmd_presets_validate(args: argparse.Namespace) -> int:
+    from grpo_tui.checks import check_preset
+    from grpo_tui.preset_store import PresetError, load_preset
+
+    failed = False
+    for arg in args.files:
+        try:
+            preset, path = load_preset(arg)
+        except PresetError as exc:
+            failed = True
+            for line in exc.lines:
+                print(line, file=sys.stderr)
+            continue
+        static = check_preset(preset, environment=False)
+        here = check_preset(preset)
+        for line in static.errors:
+            print(f"{path}: {line}", file=sys.stderr)
+        for line in static.notes:
+            print(f"{path}: note: {line}", file=sys.stderr)
+        for line in (e for e in here.errors if e not in static.errors):
+            print(f"{path}: warning (on this machine): {line}", file=sys.stderr)
+        failed = failed or bool(static.errors)
+        if not static.errors:
+            print(f"{path}: ok")
+    return EXIT_USAGE if failed else 0
+
+
+def _cmd_runs(args: argparse.Namespace) -> int:
+    import time
+
+    from grpo_tui.rundir import list_runs
+    from grpo_tui.runner import effective_status
+
+    runs = list_runs(args.runs_dir)
+    if not runs:
+        print(f"no runs in {args.runs_dir.resolve()}")
+        return 0
+    width = max(len(r.name) for r in runs)
+    print(f"{'RUN':<{width}}  {'STATUS':<9}  {'STARTED':<19}  REASON")
+    for run in runs:
+        status = effective_status(run)
+        started = status.get("started") or status.get("created")
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started)) if isinstance(started, (int, float)) else "-"
+        print(f"{run.name:<{width}}  {status.get('status', '?'):<9}  {when:<19}  {status.get('reason') or ''}")
+    return 0
+
+
+def _cmd_control(args: argparse.Namespace) -> int:
+    from grpo_tui.rundir import RunDir
+    from grpo_tui.runner import stop_run
+
+    run = RunDir(args.run_dir.resolve())
+    if not run.path.is_dir() or not (run.status.exists() or run.metrics.exists()):
+        print(f"{args.run_dir}: not a run folder (no run.json or metrics.jsonl)", file=sys.stderr)
+        return EXIT_USAGE
+    if args.force and not args.stop:
+        print("--force goes with --stop", file=sys.stderr)
+        return EXIT_USAGE
+    if args.stop:
+        print(stop_run(run.path, force=args.force))
+        return 0
+    control = run.request(loss_impl=args.loss_impl)
+    print(f"{run.name}: loss.impl -> {args.loss_impl} requested (request {control['request_id']}); applies at the next step")
+    return 0
+
+
+def _cmd_supervise(args: argparse.Namespace) -> int:
+    from grpo_tui.runner import supervise
+
+    return supervise(args.run_dir)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
