@@ -1,0 +1,463 @@
+"""The run model behind the dashboard: every logged step of one run, as growable columns.
+
+`RunState` is a plain model (no Textual, no torch) fed by metrics records (`apply`). It keeps every
+point (never truncated); charts ask `downsample` for a drawable subset that keeps the shape.
+`load_run` opens a run folder (config.toml + all of metrics.jsonl) and leaves `state.tail`
+positioned at the end, so a worker thread can `state.tail.read_new()` and hand the records to the
+UI thread, which calls `state.apply(records)`: the model is only ever mutated on one thread.
+
+`scan_runs` lists run folders for the runs screen quickly: it reads run.json and only the tail of
+metrics.jsonl.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import statistics
+import tomllib
+from array import array
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, NamedTuple
+
+import psutil
+
+from grpo_tui.metrics import PHASES, MetricsTail, _parse_lines
+from grpo_tui.rundir import list_runs, read_json
+
+NAN = float("nan")
+# Step records' keys that are not metrics (never become series).
+NON_SERIES_KEYS = frozenset({"v", "step", "event", "loss_impl", "memory", "pid", "rank", "local_rank", "device"})
+# Steps over which ETA and recent step time are estimated.
+ETA_WINDOW = 20
+# Bytes read from the end of metrics.jsonl by scan_runs (enough for several step records).
+SCAN_TAIL_BYTES = 64 * 1024
+# Run states that mean a process should still be alive.
+LIVE_STATES = frozenset({"starting", "running"})
+# Slack (s) between run.json's start time and the process's create time before a pid counts as reused.
+PID_REUSE_SLACK_S = 5.0
+
+# Derived series names (beside TRL's own metric names).
+TOKENS_PER_S = "tokens_per_s"
+PEAK_MIB = "memory/peak_mib"
+ALLOCATED_MIB = "memory/allocated_mib"
+RESERVED_MIB = "memory/reserved_mib"
+RSS_MIB = "memory/rss_mib"
+
+
+def phase_series(phase: str) -> str:
+    """Series name of a phase's per-step peak MiB (phase in metrics.PHASES)."""
+    return f"memory/phases/{phase}"
+
+
+@dataclass(frozen=True)
+class RunEvent:
+    """A non-step record: start, finish, error, oom, loss_impl_switch, stop_requested, control_error, ..."""
+
+    kind: str
+    step: int | None
+    time: float | None
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+class Progress(NamedTuple):
+    step: int
+    max_steps: int | None
+    elapsed_s: float
+    eta_s: float | None
+
+
+class RunState:
+    """Every step of one run as columns of floats (NaN where a step lacks a metric).
+
+    Args:
+        max_steps: The run's `[grpo] max_steps` (a start event's `max_steps` also sets it).
+        preset: The preset name, for titles and comparisons.
+        loss_impl: The configured loss implementation (each step record's `loss_impl` wins).
+    """
+
+    def __init__(self, max_steps: int | None = None, preset: str = "", loss_impl: str = "") -> None:
+        self.max_steps = max_steps
+        self.preset = preset
+        self.loss_impl = loss_impl
+        self.steps = array("d")
+        self._cols: dict[str, array] = {}
+        self.step_impls: list[str] = []  # loss_impl of each step ("" when not logged)
+        self.events: list[RunEvent] = []
+        self.pid_gpu: dict[int, int | None] = {}  # each rank's pid -> local GPU index (None on CPU)
+        self.pid_rank: dict[int, int] = {}
+        self.start_time: float | None = None
+        self.last_time: float | None = None
+        self.last_record: dict[str, Any] = {}
+        self.phase_peaks: dict[str, float] = {}  # max so far per phase
+        self.phase_peaks_before_switch: dict[str, float] = {}  # from the previous switch (or start) to the latest
+        self.phase_peaks_since_switch: dict[str, float] = {}  # since the latest switch (or start)
+        self.run_peak_mib: float | None = None
+        self.tail: MetricsTail | None = None
+        self.run_dir: Path | None = None
+
+    # ---- feeding -------------------------------------------------------------------------------
+    def apply(self, records: Iterable[dict[str, Any]]) -> bool:
+        """Add records (steps and events) in file order; True when anything changed."""
+        batch: list[dict[str, Any]] = []
+        changed = False
+        for record in records:
+            if "event" in record:
+                if batch:  # keep file order between steps and events (switch peaks depend on it)
+                    self._apply_steps(batch)
+                    batch = []
+                self._apply_event(record)
+                changed = True
+            elif "step" in record:
+                batch.append(record)
+        if batch:
+            self._apply_steps(batch)
+            changed = True
+        return changed
+
+    def _apply_event(self, record: dict[str, Any]) -> None:
+        kind = str(record.get("event"))
+        step, when = _as_int(record.get("step")), _as_float(record.get("time"))
+        data = {k: v for k, v in record.items() if k not in ("v", "event", "step", "time")}
+        self.events.append(RunEvent(kind, step, when, data))
+        if when is not None:
+            self.last_time = when if self.last_time is None else max(self.last_time, when)
+        if kind == "start":
+            if self.start_time is None and when is not None:
+                self.start_time = when
+            if self.max_steps is None and _as_int(record.get("max_steps")):
+                self.max_steps = _as_int(record.get("max_steps"))
+            self._map_pids(record)
+        elif kind == "loss_impl_switch":
+            self.phase_peaks_before_switch = dict(self.phase_peaks_since_switch)
+            self.phase_peaks_since_switch = {}
+            if record.get("to"):
+                self.loss_impl = str(record["to"])
+
+    def _map_pids(self, record: dict[str, Any]) -> None:
+        entries = record.get("ranks") if isinstance(record.get("ranks"), list) else [record]
+        for entry in entries:
+            if not isinstance(entry, dict) or _as_int(entry.get("pid")) is None:
+                continue
+            pid = int(entry["pid"])
+            self.pid_gpu[pid] = _gpu_index(entry.get("device"), entry.get("local_rank"))
+            if _as_int(entry.get("rank")) is not None:
+                self.pid_rank[pid] = int(entry["rank"])
+
+    def _apply_steps(self, recs: list[dict[str, Any]]) -> None:
+        n0, n = len(self.steps), len(recs)
+        self.steps.extend(float(r["step"]) if isinstance(r["step"], (int, float)) else NAN for r in recs)
+        keys: set[str] = set().union(*recs) - NON_SERIES_KEYS
+        for key in keys:
+            col = self._cols.get(key)
+            if col is None:
+                col = self._cols[key] = array("d", [NAN]) * n0
+            values = [r.get(key, NAN) for r in recs]
+            try:
+                col.extend(values)  # fast path: all numbers
+            except TypeError:  # a None or a string somewhere: array.extend stopped part-way
+                del col[n0:]
+                col.extend(_num(v) for v in values)
+        for key, col in self._cols.items():  # series this batch did not carry
+            if len(col) < n0 + n:
+                col.extend(array("d", [NAN]) * (n0 + n - len(col)))
+        self._apply_memory(recs, n0)
+        self._derive_tokens_per_s(n0)
+        self.step_impls.extend(str(r.get("loss_impl", "")) for r in recs)
+        if self.step_impls[-1]:
+            self.loss_impl = self.step_impls[-1]
+        times = self._cols.get("time")
+        if times is not None:
+            last = times[-1]
+            if not math.isnan(last):
+                self.last_time = last if self.last_time is None else max(self.last_time, last)
+            if self.start_time is None and not math.isnan(times[0]):
+                self.start_time = times[0] - _nan_to(self._cols.get("step_time", [NAN])[0], 0.0)
+        self.last_record = recs[-1]
+
+    def _apply_memory(self, recs: list[dict[str, Any]], n0: int) -> None:
+        names = (PEAK_MIB, ALLOCATED_MIB, RESERVED_MIB, RSS_MIB, *(phase_series(p) for p in PHASES))
+        cols = [self._cols.setdefault(name, array("d", [NAN]) * n0) for name in names]
+        peak_col, alloc_col, res_col, rss_col, *phase_cols = cols
+        for r in recs:
+            mem = r.get("memory")
+            mem = mem if isinstance(mem, dict) else {}
+            gpus = [g for g in mem.get("gpus") or () if isinstance(g, dict)]
+            rss = _num(mem.get("rss_mib"))
+            peak = max((_num(g.get("peak_mib")) for g in gpus), default=NAN) if gpus else rss
+            peak_col.append(peak)
+            alloc_col.append(max((_num(g.get("allocated_mib")) for g in gpus), default=NAN))
+            res_col.append(max((_num(g.get("reserved_mib")) for g in gpus), default=NAN))
+            rss_col.append(rss)
+            phases = mem.get("phases") if isinstance(mem.get("phases"), dict) else {}
+            for phase, col in zip(PHASES, phase_cols):
+                value = _num(phases.get(phase))
+                col.append(value)
+                if not math.isnan(value):
+                    for peaks in (self.phase_peaks, self.phase_peaks_since_switch):
+                        if value > peaks.get(phase, -math.inf):
+                            peaks[phase] = value
+            if not math.isnan(peak) and (self.run_peak_mib is None or peak > self.run_peak_mib):
+                self.run_peak_mib = peak
+
+    def _derive_tokens_per_s(self, n0: int) -> None:
+        # TRL logs num_tokens cumulatively: throughput is its delta over the step time (or the
+        # wall-clock delta between records when step_time is missing).
+        out = self._cols.setdefault(TOKENS_PER_S, array("d", [NAN]) * n0)
+        tokens, step_time, times = (self._cols.get(k) for k in ("num_tokens", "step_time", "time"))
+        for i in range(len(out), len(self.steps)):
+            value = NAN
+            if tokens is not None and i > 0 and not math.isnan(tokens[i]) and not math.isnan(tokens[i - 1]):
+                dt = step_time[i] if step_time is not None else NAN
+                if (math.isnan(dt) or dt <= 0) and times is not None:
+                    dt = times[i] - times[i - 1]
+                if dt > 0:
+                    value = (tokens[i] - tokens[i - 1]) / dt
+            out.append(value)
+
+    # ---- reading -------------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self.steps)
+
+    @property
+    def last_step(self) -> int:
+        return int(self.steps[-1]) if self.steps else 0
+
+    def series_names(self) -> list[str]:
+        """Metrics with at least one value."""
+        return sorted(name for name, col in self._cols.items() if any(not math.isnan(v) for v in col))
+
+    def has_series(self, name: str) -> bool:
+        return name in self._cols
+
+    def column(self, name: str) -> array:
+        """The raw column aligned with `steps` (NaN where missing); empty when unknown."""
+        return self._cols.get(name, array("d"))
+
+    def series(self, name: str) -> tuple[list[float], list[float]]:
+        """(steps, values) of a metric, skipping steps where it is missing."""
+        col = self._cols.get(name)
+        if col is None:
+            return [], []
+        pairs = [(x, y) for x, y in zip(self.steps, col) if not math.isnan(y) and not math.isnan(x)]
+        return [p[0] for p in pairs], [p[1] for p in pairs]
+
+    def last(self, name: str) -> float | None:
+        """The latest non-missing value of a metric."""
+        col = self._cols.get(name)
+        if col is None:
+            return None
+        for value in reversed(col):
+            if not math.isnan(value):
+                return value
+        return None
+
+    @property
+    def reward_functions(self) -> list[str]:
+        """Reward function names found as `rewards/<name>/mean`."""
+        return sorted(k[len("rewards/"):-len("/mean")] for k in self._cols
+                      if k.startswith("rewards/") and k.endswith("/mean"))
+
+    def events_of(self, *kinds: str) -> list[RunEvent]:
+        return [e for e in self.events if e.kind in kinds]
+
+    @property
+    def switch_steps(self) -> list[int]:
+        """Steps at which the loss implementation was switched (for chart markers)."""
+        return [e.step for e in self.events if e.kind == "loss_impl_switch" and e.step is not None]
+
+    @property
+    def status(self) -> str:
+        """From the stream alone: finished, failed (error / oom), stopped (stop then finish) or running."""
+        kinds = {e.kind for e in self.events}
+        if kinds & {"error", "oom"}:
+            return "failed"
+        if "finish" in kinds:
+            return "stopped" if "stop_requested" in kinds else "finished"
+        return "running"
+
+    def median_step_time(self, last: int | None = None) -> float | None:
+        """Median of `step_time` (or of time deltas between steps) over the last `last` steps (all if None)."""
+        values = [v for v in self._cols.get("step_time", array("d")) if not math.isnan(v)]
+        if not values:
+            times = [t for t in self._cols.get("time", array("d")) if not math.isnan(t)]
+            values = [b - a for a, b in zip(times, times[1:]) if b > a]
+        if last is not None:
+            values = values[-last:]
+        return statistics.median(values) if values else None
+
+    def progress(self, now: float | None = None) -> Progress:
+        """Step, max_steps, elapsed seconds (to `now` while live, else to the last record) and ETA."""
+        step = self.last_step
+        end = now if now is not None and self.status == "running" else self.last_time
+        elapsed = max(0.0, end - self.start_time) if end is not None and self.start_time is not None else 0.0
+        eta = None
+        per_step = self.median_step_time(ETA_WINDOW)
+        if self.max_steps is not None and per_step is not None and self.status == "running":
+            eta = max(0, self.max_steps - step) * per_step
+        elif self.status != "running":
+            eta = 0.0
+        return Progress(step, self.max_steps, elapsed, eta)
+
+
+def downsample(xs: list[float] | array, ys: list[float] | array, max_points: int) -> tuple[list[float], list[float]]:
+    """At most ~`max_points` points keeping the curve's shape: each bucket keeps its min and max (in
+    x order); the first and last points are always kept, so spikes and the newest value never vanish."""
+    n = len(xs)
+    if n <= max_points or max_points < 4:
+        return list(xs), list(ys)
+    buckets = max(1, (max_points - 2) // 2)
+    out_x, out_y = [xs[0]], [ys[0]]
+    size = (n - 2) / buckets
+    for b in range(buckets):
+        lo, hi = 1 + int(b * size), 1 + int((b + 1) * size)
+        if hi <= lo:
+            continue
+        seg = ys[lo:hi]
+        i_min = lo + min(range(hi - lo), key=seg.__getitem__)
+        i_max = lo + max(range(hi - lo), key=seg.__getitem__)
+        for i in sorted({i_min, i_max}):
+            out_x.append(xs[i])
+            out_y.append(ys[i])
+    out_x.append(xs[-1])
+    out_y.append(ys[-1])
+    return out_x, out_y
+
+
+def read_config(run_dir: Path) -> dict[str, Any]:
+    """The run's resolved config.toml as a dict ({} when missing or unreadable)."""
+    try:
+        with open(Path(run_dir) / "config.toml", "rb") as handle:
+            return tomllib.load(handle)
+    except (OSError, tomllib.TOMLDecodeError):
+        return {}
+
+
+def load_run(run_dir: str | os.PathLike[str]) -> RunState:
+    """A RunState with the run's config and every complete record of its metrics.jsonl.
+
+    `state.tail` is left at the end of the file (a partial last line is held back), ready for
+    incremental reads of a live run.
+    """
+    root = Path(run_dir)
+    config = read_config(root)
+    grpo, loss = config.get("grpo", {}), config.get("loss", {})
+    state = RunState(max_steps=_as_int(grpo.get("max_steps")), preset=str(config.get("name", "")),
+                     loss_impl=str(loss.get("impl", "")))
+    state.run_dir = root
+    state.tail = MetricsTail(root / "metrics.jsonl")
+    state.apply(state.tail.read_new())
+    return state
+
+
+# ---- listing runs ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class RunInfo:
+    """One row of the runs list."""
+
+    path: Path
+    name: str
+    status: str  # running | finished | failed | stopped | lost (run.json says running, process gone)
+    preset: str
+    started: float | None
+    steps: int
+    last_reward: float | None
+    loss_impl: str
+    pid: int | None
+
+
+def pid_alive(pid: int | None, started: float | None = None) -> bool:
+    """True when `pid` runs (not a zombie) and, given `started`, is not a later process reusing the id."""
+    if pid is None or pid <= 0 or not psutil.pid_exists(pid):
+        return False
+    try:
+        proc = psutil.Process(pid)
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return False
+        return started is None or proc.create_time() <= started + PID_REUSE_SLACK_S
+    except (psutil.Error, OSError):
+        return False
+
+
+def _tail_records(path: Path, nbytes: int = SCAN_TAIL_BYTES) -> list[dict[str, Any]]:
+    try:
+        with open(path, "rb") as handle:
+            size = handle.seek(0, os.SEEK_END)
+            handle.seek(max(0, size - nbytes))
+            data = handle.read()
+    except OSError:
+        return []
+    lines = data.split(b"\n")
+    if size > nbytes:
+        lines = lines[1:]  # the first line is cut by the seek
+    lines = lines[:-1]  # an unterminated last line (or b"" after the final newline)
+    return list(_parse_lines(lines))
+
+
+def run_info(run_path: Path) -> RunInfo:
+    """Status, preset, start time, steps so far and last reward of one run folder."""
+    meta = read_json(run_path / "run.json") or {}
+    tail = _tail_records(run_path / "metrics.jsonl")
+    steps = [r for r in tail if "event" not in r and "step" in r]
+    kinds = {str(r.get("event")) for r in tail if "event" in r}
+    last = steps[-1] if steps else {}
+    started = _as_float(meta.get("started"))
+    pid = _as_int(meta.get("pid"))
+    state = str(meta.get("state") or "")
+    if state in LIVE_STATES or not state:
+        if pid_alive(pid, started):
+            status = "running"
+        elif kinds & {"error", "oom"}:
+            status = "failed"
+        elif "finish" in kinds:
+            status = "stopped" if "stop_requested" in kinds else "finished"
+        else:
+            status = "lost"  # the process is gone without a final record: crashed or killed
+    else:
+        status = state
+    preset = str(meta.get("preset") or "") or read_config(run_path).get("name", "")
+    if started is None:
+        starts = [r for r in tail if r.get("event") == "start"]
+        started = _as_float(starts[0].get("time")) if starts else None
+    return RunInfo(path=run_path, name=run_path.name, status=status, preset=str(preset), started=started,
+                   steps=_as_int(last.get("step")) or 0, last_reward=_as_float(last.get("reward")),
+                   loss_impl=str(last.get("loss_impl", "")), pid=pid)
+
+
+def scan_runs(runs_dir: str | os.PathLike[str]) -> list[RunInfo]:
+    """Every run folder under `runs_dir`, newest first."""
+    return [run_info(run.path) for run in list_runs(Path(runs_dir))]
+
+
+# ---- small conversions ---------------------------------------------------------------------------
+def _num(value: Any) -> float:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, bool):
+        return float(value)
+    return NAN
+
+
+def _nan_to(value: float, default: float) -> float:
+    return default if math.isnan(value) else value
+
+
+def _as_int(value: Any) -> int | None:
+    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) else None
+
+
+def _as_float(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _gpu_index(device: Any, local_rank: Any) -> int | None:
+    """GPU index from a start record's device ("cuda:1", "cuda", 1) or local_rank; None on CPU."""
+    if isinstance(device, int) and not isinstance(device, bool):
+        return device
+    if isinstance(device, str):
+        if device.startswith("cuda"):
+            _, _, idx = device.partition(":")
+            return int(idx) if idx.isdigit() else _as_int(local_rank) or 0
+        return None
+    return _as_int(local_rank)
