@@ -1,0 +1,80 @@
+"""Modal dialogs that answer to the keyboard: y / n, Enter / Escape."""
+
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.screen import ModalScreen
+from textual.widgets import Button, Label
+
+
+class ConfirmScreen(ModalScreen[bool]):
+    """Ask a yes/no question; dismisses with True (y / Enter) or False (n / Escape)."""
+
+    BINDINGS = [
+        Binding("y", "answer(True)", "Yes", id="confirm.yes"),
+        Binding("enter", "answer(True)", "Yes", show=False, id="confirm.enter"),
+        Binding("n", "answer(False)", "No", id="confirm.no"),
+        Binding("escape", "answer(False)", "No", show=False, id="confirm.escape"),
+    ]
+
+    def __init__(self, question: str, detail: str = "", yes: str = "Yes", no: str = "No") -> None:
+        super().__init__()
+        self.question = question
+        self.detail = detail
+        self.yes_label = yes
+        self.no_label = no
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="dialog", classes="dialog"):
+            yield Label(self.question, id="question", classes="dialog-title")
+            if self.detail:
+                yield Label(self.detail, id="detail", classes="dialog-detail")
+            with Horizontal(classes="dialog-buttons"):
+                yield Button(f"{self.yes_label} [y]", id="yes", variant="error")
+                yield Button(f"{self.no_label} [n]", id="no", variant="primary")
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        event.stop()
+        self.dismiss(event.button.id == "yes")
+
+    def action_answer(self, answer: bool) -> None:
+        self.dismiss(answer)
+
+
+class QuitScreen(ModalScreen[str]):
+    """Quitting while a run is live: stop it, leave it running, or cancel.
+
+    Dismisses with "stop", "leave" or "cancel".
+    """
+
+    BINDINGS = [
+        Binding("s", "choose('stop')", "Stop run and quit", id="quit.stop"),
+        Binding("l", "choose('leave')", "Leave running and quit", id="quit.leave"),
+        Binding("enter", "choose('leave')", "Leave running", show=False, id="quit.enter"),
+        Binding("y", "choose('leave')", "Leave running", show=False, id="quit.yes"),
+        Binding("n,escape", "choose('cancel')", "Cancel", id="quit.cancel"),
+    ]
+
+    def __init__(self, run_names: list[str]) -> None:
+        super().__init__()
+        self.run_names = run_names
+
+    def compose(self) -> ComposeResult:
+        runs = ", ".join(self.run_names)
+        with Vertical(id="dialog", classes="dialog"):
+            yield Label("Quit grpo-tui?", classes="dialog-title")
+            yield Label(f"Still running: {runs}", classes="dialog-detail")
+            yield Label("Runs live on when the app closes; reopen grpo-tui to re-attach.", classes="dialog-detail")
+            with Horizontal(classes="dialog-buttons"):
+                yield Button("Leave running [l]", id="leave", variant="primary")
+                yield Button("Stop run [s]", id="stop", variant="error")
+                yield Button("Cancel [n]", id="cancel")
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        event.stop()
+        self.dismiss(str(event.button.id))
+
+    def action_choose(self, choice: str) -> None:
+        self.dismiss(choice)

@@ -1,0 +1,265 @@
+"""The dashboard's data side (no Textual): one `DashboardFeed` per open run, driven by a thread worker.
+
+The feed owns the run's `RunState` (only the worker thread touches it), tails metrics.jsonl,
+completions.jsonl and stdout.log, samples the monitor, and turns all of it into an immutable
+`DashboardView` that the UI thread only draws. Views are whole (never deltas), so a newer view may
+replace a queued older one without losing anything.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from grpo_tui.alerts import Alert, AlertLog, detect_alerts
+from grpo_tui.completions import CompletionIndex, PromptGroup
+from grpo_tui.metrics import PHASES
+from grpo_tui.rundir import RunDir, read_json
+from grpo_tui.runstate import RunState, downsample, load_run, phase_series, run_info
+from grpo_tui.widgets.progress_panel import ProgressInfo
+
+# Points per drawn series: about two per cell of a wide chart, so nothing visible is lost.
+MAX_POINTS = 400
+# The small charts: (title, series name in RunState).
+METRIC_CHARTS: tuple[tuple[str, str], ...] = (
+    ("loss", "loss"),
+    ("KL", "kl"),
+    ("entropy", "entropy"),
+    ("clip ratio", "clip_ratio/region_mean"),
+    ("completion length", "completions/mean_length"),
+    ("tokens/s", "tokens_per_s"),
+)
+# Lines of stdout.log kept for the log tail.
+LOG_LINES = 300
+# Bytes read from the end of stdout.log when the dashboard opens.
+LOG_START_BYTES = 64 * 1024
+# Seconds between run.json / process liveness checks (cheap, but not every poll).
+STATUS_EVERY_S = 2.0
+
+
+@dataclass(frozen=True)
+class ChartData:
+    """Everything the charts draw, already downsampled."""
+
+    reward: tuple[list[float], list[float], list[float]]  # steps, mean, std
+    funcs: dict[str, tuple[list[float], list[float]]]
+    metrics: dict[str, tuple[list[float], list[float]]]  # chart title -> (steps, values)
+    switches: list[int]
+
+
+@dataclass(frozen=True)
+class DashboardView:
+    """One frame of the dashboard."""
+
+    run_name: str
+    preset: str
+    status: str
+    progress: ProgressInfo
+    charts: ChartData
+    snapshot: Any  # monitor.MonitorSnapshot | None
+    history: dict[int, list[float | None]]  # GPU index -> used MiB (oldest first); -1 = host RAM
+    run_peaks: dict[int, float]
+    rank_pids: dict[int, int]
+    phases: dict[str, dict[str, float | None]]
+    switch_label: str | None
+    loss_impl: str
+    baseline: str
+    pending_impl: str | None
+    log_lines: tuple[str, ...]
+    alerts: tuple[Alert, ...]  # every alert so far, oldest first
+    active_alerts: tuple[Alert, ...]  # raised in the last few steps (shown in place)
+    completion_steps: tuple[int, ...]
+    stop_requested: bool
+    generation: int = 0  # bumps when the charts changed (the UI skips redrawing otherwise)
+
+
+@dataclass
+class DashboardFeed:
+    """Reads a run folder incrementally; `poll()` returns the next view."""
+
+    run_path: Path
+    monitor: Any  # monitor.Monitor (or anything with sample(pids))
+    clock: Callable[[], float] = time.time
+    state: RunState | None = None
+    _log: deque[str] = field(default_factory=lambda: deque(maxlen=LOG_LINES))
+    _log_offset: int = 0
+    _log_partial: bytes = b""
+    _charts: ChartData | None = None
+    _chart_steps: int = -1
+    _generation: int = 0
+    _history: dict[int, deque[float | None]] = field(default_factory=dict)
+    _status: str = "running"
+    _status_checked: float = -math.inf
+    _completions: CompletionIndex | None = None
+    _baseline: str = "naive"
+    _alert_log: AlertLog = field(default_factory=AlertLog)
+
+    def __post_init__(self) -> None:
+        self.run = RunDir(Path(self.run_path))
+        config = _read_toml(self.run.config)
+        self._baseline = str(config.get("loss", {}).get("baseline", "naive"))
+
+    def open(self) -> None:
+        """The initial full read (may take a moment for a long run: call it from the worker)."""
+        self.state = load_run(self.run.path)
+        self._completions = _completion_index(self.run.path)
+        try:
+            size = self.run.stdout.stat().st_size
+        except OSError:
+            size = 0
+        self._log_offset = max(0, size - LOG_START_BYTES)
+        self._read_log(skip_first=self._log_offset > 0)
+
+    def poll(self) -> DashboardView:
+        if self.state is None:
+            self.open()
+        state = self.state
+        assert state is not None and state.tail is not None
+        state.apply(state.tail.read_new())
+        if self._completions is not None:
+            self._completions.poll()
+        self._read_log()
+        now = self.clock()
+        if now - self._status_checked >= STATUS_EVERY_S:
+            self._status = _live_status(self.run.path, state)
+            self._status_checked = now
+        pids = list(state.pid_gpu) or _status_pids(self.run)
+        snapshot = self.monitor.sample(pids) if self.monitor is not None else None
+        self._remember(snapshot)
+        self._alert_log.update(detect_alerts(state, snapshot, now=now))
+        if len(state) != self._chart_steps:
+            self._charts = build_charts(state)
+            self._chart_steps = len(state)
+            self._generation += 1
+        return self._view(state, snapshot, now)
+
+    # ---- pieces --------------------------------------------------------------------------------
+    def _view(self, state: RunState, snapshot: Any, now: float) -> DashboardView:
+        progress = state.progress(now)
+        median = state.median_step_time(20)
+        info = ProgressInfo(step=progress.step, max_steps=progress.max_steps, elapsed_s=progress.elapsed_s,
+                            eta_s=progress.eta_s, steps_per_s=(1.0 / median) if median else None,
+                            state=self._status, loss_impl=state.loss_impl or None)
+        control = read_json(self.run.control) or {}
+        pending = control.get("loss_impl") if control.get("loss_impl") != state.loss_impl else None
+        switches = state.switch_steps
+        label = None
+        if switches:
+            switch = state.events_of("loss_impl_switch")[-1]
+            label = f"{switch.data.get('from', '?')} → {switch.data.get('to', '?')} at step {switch.step}"
+        return DashboardView(
+            run_name=self.run.name, preset=state.preset, status=self._status, progress=info,
+            charts=self._charts or build_charts(state), snapshot=snapshot,
+            history={k: list(v) for k, v in self._history.items()},
+            run_peaks=_run_peaks(state), rank_pids=dict(state.pid_rank),
+            phases=phase_rows(state), switch_label=label, loss_impl=state.loss_impl, baseline=self._baseline,
+            pending_impl=str(pending) if pending else None, log_lines=tuple(self._log),
+            alerts=tuple(self._alert_log.alerts), active_alerts=tuple(self._alert_log.active(state)),
+            completion_steps=tuple(self._completions.steps) if self._completions is not None else (),
+            stop_requested=bool(control.get("stop")), generation=self._generation,
+        )
+
+    def _remember(self, snapshot: Any) -> None:
+        if snapshot is None:
+            return
+        for gpu in snapshot.gpus:
+            self._history.setdefault(gpu.index, deque(maxlen=240)).append(gpu.memory_used_mib)
+        if not snapshot.gpus:
+            self._history.setdefault(-1, deque(maxlen=240)).append(snapshot.host.ram_used_mib)
+
+    def _read_log(self, skip_first: bool = False) -> None:
+        try:
+            with open(self.run.stdout, "rb") as handle:
+                handle.seek(self._log_offset)
+                chunk = handle.read()
+        except OSError:
+            return
+        if not chunk:
+            return
+        self._log_offset += len(chunk)
+        lines = (self._log_partial + chunk).split(b"\n")
+        self._log_partial = lines.pop()
+        if skip_first and lines:
+            lines = lines[1:]  # cut by the seek
+        # A progress bar redraws with \r: keep what the terminal would show last.
+        self._log.extend(line.decode("utf-8", "replace").rsplit("\r", 1)[-1] for line in lines)
+
+    def completion_groups(self, step: int) -> list[PromptGroup]:
+        """One step's prompt groups (reads the file: call from a worker thread)."""
+        return self._completions.groups(step) if self._completions is not None else []
+
+
+def build_charts(state: RunState) -> ChartData:
+    """Downsampled series for every chart (steps on x)."""
+    xs, mean = state.series("reward")
+    _, std = state.series("reward_std")
+    if len(std) != len(mean):
+        std = [0.0] * len(mean)
+    idx = _downsample_index(len(xs))
+    reward = ([xs[i] for i in idx], [mean[i] for i in idx], [std[i] for i in idx])
+    funcs = {name: downsample(*state.series(f"rewards/{name}/mean"), MAX_POINTS) for name in state.reward_functions}
+    metrics = {title: downsample(*state.series(name), MAX_POINTS) for title, name in METRIC_CHARTS}
+    return ChartData(reward=reward, funcs=funcs, metrics=metrics, switches=list(state.switch_steps))
+
+
+def _downsample_index(n: int) -> list[int]:
+    # The reward band needs mean and std at the same steps: pick indices evenly instead of min/max.
+    if n <= MAX_POINTS:
+        return list(range(n))
+    stride = (n - 1) / (MAX_POINTS - 1)
+    return sorted({round(i * stride) for i in range(MAX_POINTS)})
+
+
+def phase_rows(state: RunState) -> dict[str, dict[str, float | None]]:
+    """Per phase: last step's peak, run peak, and peaks before / after the latest switch."""
+    rows: dict[str, dict[str, float | None]] = {}
+    for phase in PHASES:
+        last = state.last(phase_series(phase))
+        if last is None and phase not in state.phase_peaks:
+            continue
+        rows[phase] = {"last": last, "peak": state.phase_peaks.get(phase),
+                       "before": state.phase_peaks_before_switch.get(phase),
+                       "after": state.phase_peaks_since_switch.get(phase)}
+    return rows
+
+
+def _run_peaks(state: RunState) -> dict[int, float]:
+    record = state.last_record.get("memory") if isinstance(state.last_record.get("memory"), dict) else {}
+    peaks: dict[int, float] = {}
+    if state.run_peak_mib is not None:
+        gpus = [g for g in (record or {}).get("gpus") or () if isinstance(g, dict)]
+        for g in gpus or [{"index": -1}]:
+            peaks[int(g.get("index", -1))] = state.run_peak_mib
+    return peaks
+
+
+def _live_status(path: Path, state: RunState) -> str:
+    try:
+        return run_info(path).status
+    except Exception:  # noqa: BLE001 - a half-written run.json must not stop the feed
+        return state.status
+
+
+def _status_pids(run: RunDir) -> list[int]:
+    status = run.read_status()
+    pids = [status.get("child_pid"), status.get("pid")]
+    return [p for p in pids if isinstance(p, int)]
+
+
+def _completion_index(path: Path) -> CompletionIndex:
+    return CompletionIndex(path / "completions.jsonl")
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    import tomllib
+
+    try:
+        with open(path, "rb") as handle:
+            return tomllib.load(handle)
+    except (OSError, tomllib.TOMLDecodeError):
+        return {}

@@ -1,0 +1,52 @@
+"""Every binding of every screen, with its id and description."""
+
+from __future__ import annotations
+
+from rich.table import Table
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import VerticalScroll
+from textual.screen import ModalScreen
+from textual.widgets import Static
+
+
+def _bindings_of(owner: type) -> list[Binding]:
+    found: list[Binding] = []
+    for item in getattr(owner, "BINDINGS", []):
+        found.extend(Binding.make_bindings([item]) if not isinstance(item, Binding) else [item])
+    return found
+
+
+def bindings_table(owners: list[tuple[str, type]]) -> Table:
+    """A table of (where, key, description, id) for each owner's BINDINGS."""
+    table = Table(expand=True, box=None, header_style="bold", pad_edge=False)
+    table.add_column("where", style="dim", no_wrap=True)
+    table.add_column("key", style="bold", no_wrap=True)
+    table.add_column("what it does")
+    table.add_column("id", style="dim", no_wrap=True)
+    for where, owner in owners:
+        for binding in _bindings_of(owner):
+            keys = binding.key_display or binding.key
+            table.add_row(where, keys, binding.description or binding.action, binding.id or "")
+    return table
+
+
+class HelpScreen(ModalScreen[None]):
+    """`?`: what every key does, on every screen."""
+
+    BINDINGS: list[BindingType] = [
+        Binding("escape,question_mark,q", "dismiss", "Close help", id="help.close"),
+    ]
+
+    def __init__(self, owners: list[tuple[str, type]]) -> None:
+        super().__init__()
+        self.owners = owners
+
+    def compose(self) -> ComposeResult:
+        with VerticalScroll(id="help-body", classes="dialog wide"):
+            yield Static(Text("Keys (the mouse works too: click tabs, rows, switches)", style="bold"))
+            yield Static(bindings_table(self.owners), id="help-table")
+
+    async def action_dismiss(self, result: None = None) -> None:
+        self.dismiss(None)

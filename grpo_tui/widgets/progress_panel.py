@@ -1,0 +1,55 @@
+"""Step / max_steps with a bar, elapsed, ETA, speed and the current loss implementation."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rich.console import Group
+from rich.text import Text
+from textual.widgets import Static
+
+from grpo_tui.widgets.bars import bar
+
+STATE_STYLES = {"running": "bold green", "starting": "bold cyan", "finished": "bold blue",
+                "failed": "bold red", "stopped": "bold yellow"}
+
+
+@dataclass(frozen=True)
+class ProgressInfo:
+    """What the panel draws; elapsed/ETA are computed by the caller from an injected clock."""
+
+    step: int
+    max_steps: int | None
+    elapsed_s: float | None
+    eta_s: float | None
+    steps_per_s: float | None
+    state: str
+    loss_impl: str | None
+
+
+def duration(seconds: float | None) -> str:
+    """Seconds as h:mm:ss (or m:ss); n/a when unknown."""
+    if seconds is None or seconds != seconds or seconds < 0:
+        return "n/a"
+    s = int(round(seconds))
+    h, rem = divmod(s, 3600)
+    m, sec = divmod(rem, 60)
+    return f"{h}:{m:02d}:{sec:02d}" if h else f"{m}:{sec:02d}"
+
+
+class ProgressPanel(Static):
+    DEFAULT_CSS = """
+    ProgressPanel { height: auto; }
+    """
+
+    def show(self, info: ProgressInfo) -> None:
+        total = info.max_steps or 0
+        frac = info.step / total if total else 0.0
+        width = max(10, self.size.width - 22)
+        line1 = Text.assemble((f"● {info.state}", STATE_STYLES.get(info.state, "bold")), "  step ",
+                              (f"{info.step}", "bold"), f"/{total or '?'}  ", bar(frac, width), f" {frac:4.0%}")
+        speed = f"{info.steps_per_s:.2f}" if info.steps_per_s else "n/a"
+        line2 = Text.assemble(("elapsed ", "dim"), duration(info.elapsed_s), ("   ETA ", "dim"),
+                              (duration(info.eta_s) if info.state == "running" else "—", "bold"),
+                              ("   steps/s ", "dim"), speed, ("   loss ", "dim"), (info.loss_impl or "?", "bold magenta"))
+        self.update(Group(line1, line2))
