@@ -15,10 +15,12 @@ from pathlib import Path
 
 from grpo_tui.presets import Preset
 
-# Models and tasks built in code (grpo_tui's training side); `builtin:<name>` must name one.
+# Models and tasks built in code (grpo_tui's training side); `builtin:<name>` must name one. The
+# real-shape random models of grpo_tui.shapes are added by `builtin_models()`.
 BUILTIN_MODELS: tuple[str, ...] = ("tiny-qwen3",)
 BUILTIN_DATA: tuple[str, ...] = ("addition",)
-DATA_SUFFIXES: tuple[str, ...] = (".jsonl", ".parquet")
+# What grpo_tui.data reads from a local file.
+DATA_SUFFIXES: tuple[str, ...] = (".jsonl", ".json", ".parquet")
 # owner/name as the hub spells it (a local file would have a known suffix or exist).
 HUB_ID_RE = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
@@ -100,8 +102,9 @@ def _check_distributed(preset: Preset, result: CheckResult) -> None:
 def _check_model(preset: Preset, result: CheckResult) -> None:
     name = preset.model.name_or_path
     if name.startswith("builtin:"):
-        if name.removeprefix("builtin:") not in BUILTIN_MODELS:
-            known = ", ".join(f"builtin:{m}" for m in BUILTIN_MODELS)
+        known_models = builtin_models()
+        if name.removeprefix("builtin:") not in known_models:
+            known = ", ".join(f"builtin:{m}" for m in known_models)
             result.errors.append(f"model.name_or_path: got {name!r}; built-in models: {known}")
         return
     path = Path(name).expanduser()
@@ -109,9 +112,18 @@ def _check_model(preset: Preset, result: CheckResult) -> None:
         result.errors.append(f"model.name_or_path: got {name!r}; no such local folder (or give a hub id owner/name)")
 
 
+def builtin_models() -> tuple[str, ...]:
+    """Names accepted after `builtin:` in model.name_or_path."""
+    try:
+        from grpo_tui.shapes import QWEN3_SHAPES
+    except ImportError:  # the shapes module is optional (benchmarks)
+        return BUILTIN_MODELS
+    return BUILTIN_MODELS + tuple(QWEN3_SHAPES)
+
+
 def _check_data(preset: Preset, result: CheckResult) -> None:
     source = preset.data.source
-    allowed = "builtin:addition, a hub id (openai/gsm8k), or a local .jsonl/.parquet file"
+    allowed = "builtin:addition, a hub id (openai/gsm8k), or a local .jsonl/.json/.parquet file"
     if source.startswith("builtin:"):
         if source.removeprefix("builtin:") not in BUILTIN_DATA:
             result.errors.append(f"data.source: got {source!r}; allowed: {allowed}")
@@ -121,7 +133,7 @@ def _check_data(preset: Preset, result: CheckResult) -> None:
         if not path.is_file():
             result.errors.append(f"data.source: got {source!r}; no such file")
     elif path.exists():
-        result.errors.append(f"data.source: got {source!r}; a local file must end in .jsonl or .parquet")
+        result.errors.append(f"data.source: got {source!r}; a local file must end in .jsonl, .json or .parquet")
     elif _looks_local(source) or not HUB_ID_RE.match(source):
         result.errors.append(f"data.source: got {source!r}; allowed: {allowed}")
 

@@ -35,16 +35,17 @@ def _num(record: dict[str, Any], key: str, fmt: str) -> str | None:
     return None
 
 
-def _peak_mib(record: dict[str, Any]) -> float | None:
+def _memory(record: dict[str, Any]) -> str | None:
+    """The highest GPU peak of this process, or its host memory (RSS) on the CPU."""
     memory = record.get("memory")
     if not isinstance(memory, dict):
         return None
     peaks = [g.get("peak_mib") for g in memory.get("gpus") or [] if isinstance(g, dict)]
     peaks = [p for p in peaks if isinstance(p, (int, float))]
     if peaks:
-        return max(peaks)
+        return f"peak {max(peaks):.0f} MiB"
     rss = memory.get("rss_mib")
-    return rss if isinstance(rss, (int, float)) else None
+    return f"rss {rss:.0f} MiB" if isinstance(rss, (int, float)) else None
 
 
 def format_step(record: dict[str, Any], max_steps: int) -> str:
@@ -58,9 +59,9 @@ def format_step(record: dict[str, Any], max_steps: int) -> str:
     step_time = _num(record, "step_time", ".2f")
     if step_time is not None:
         parts.append(f"{step_time} s/step")
-    peak = _peak_mib(record)
-    if peak is not None:
-        parts.append(f"peak {peak:.0f} MiB")
+    memory = _memory(record)
+    if memory is not None:
+        parts.append(memory)
     if record.get("loss_impl"):
         parts.append(str(record["loss_impl"]))
     return " ".join(parts)

@@ -3,7 +3,8 @@
 Test-only. Reads <run>/config.toml for max_steps, appends step records to metrics.jsonl, honours
 control.json ({"stop": true} -> stop_requested event, exit 0). FAKE_TRAINER_MODE picks a failure:
 "error" (error event, exit 1), "oom" (oom event, exit 1), "crash" (an uncaught exception, no event),
-"hang" (never finishes; only a signal ends it). FAKE_TRAINER_STEP_S is the time per step.
+"hang" (steps until stopped). FAKE_TRAINER_IGNORE_STOP=1 ignores stop requests (only a signal ends
+it). FAKE_TRAINER_STEP_S is the time per step.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ def main() -> int:
             writer.write({"step": step, "reward": step / max_steps, "loss": 0.1, "kl": 0.0, "step_time": step_s,
                           "loss_impl": impl, "memory": {"device": "cpu", "gpus": [], "rss_mib": 100.0}})
             control = _control(args.run_dir)
-            if control.get("stop"):
+            if control.get("stop") and not os.environ.get("FAKE_TRAINER_IGNORE_STOP"):
                 writer.event("stop_requested", step=step)
                 return 0
         writer.event("finish", step=step)
