@@ -6,7 +6,7 @@ The chunk's logits `[n, V]` come from cuBLAS. Two passes then touch them:
 2. `logits_to_grad`: one read + one write; overwrites the logits in place with
    d(loss)/d(logits) = g * (onehot(target) - softmax) / T, ready for the gradient GEMMs.
 
-The twins run where Triton cannot (CPU without `TRITON_INTERPRET=1`, no Triton installed) and in tests.
+The twins run off CUDA (or without Triton); tests also run the Triton kernels on CPU under TRITON_INTERPRET=1.
 """
 
 from __future__ import annotations
@@ -31,17 +31,20 @@ STATS_SEGMENT = 16384
 STATS_BLOCK = 2048
 # Columns per program of `logits_to_grad`
 GRAD_BLOCK = 4096
-# Tests set this to "torch" or "triton" to pin a backend; None picks by device
+# "torch" or "triton" pins a backend (tests); None: Triton on CUDA, the torch twins elsewhere. On CPU the
+# Triton kernels run only when pinned and Triton was imported under TRITON_INTERPRET=1: the interpreter is
+# far too slow to be a default. The env var GRPO_KERNELS_BACKEND pins it the same way.
 FORCE_BACKEND: str | None = None
 
 
 def use_triton(device: torch.device) -> bool:
-    """Whether the Triton kernels can run on tensors of `device` (CUDA, or CPU under the interpreter)."""
-    if FORCE_BACKEND is not None:
-        return FORCE_BACKEND == "triton"
-    if not HAS_TRITON:
+    """Whether to run the Triton kernels on tensors of `device`."""
+    forced = FORCE_BACKEND or os.environ.get("GRPO_KERNELS_BACKEND") or None
+    if not HAS_TRITON or forced == "torch":
         return False
-    return device.type == "cuda" or (INTERPRET and device.type == "cpu")
+    if device.type == "cuda":
+        return True
+    return forced == "triton" and INTERPRET and device.type == "cpu"
 
 
 def _jit(fn):

@@ -1,0 +1,128 @@
+"""The chunked kernel path (torch twins and interpreted Triton kernels) against the fp64 reference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from grpo_kernels import fused_linear_grpo_loss, selective_logprobs
+from grpo_kernels.reference import reference_grpo_loss, reference_logprobs
+
+# fp32: the only differences from fp64 are rounding in GEMMs and reductions over <= 300 terms
+FP32_LOSS_RTOL, FP32_GRAD_COS = 1e-5, 0.99999
+# fp16 (Triton interpreter): inputs rounded to 11 bits, the logits buffer and dlogits held in fp16
+FP16_LOSS_RTOL, FP16_GRAD_COS = 2e-3, 0.9999
+
+
+def run(fn, inp, dtype, **kw):
+    """Loss, (grad hidden, grad weight, grad bias) in fp64, metrics."""
+    leaves = [None if inp[k] is None else inp[k].to(dtype).clone().requires_grad_() for k in ("hidden", "weight", "bias")]
+    h, w, b = leaves
+    cast = {k: None if inp[k] is None else inp[k].to(dtype) for k in ("ref", "old")}
+    loss, metrics = fn(
+        h, w, inp["ids"], inp["mask"], inp["adv"].to(dtype), bias=b, ref_logps=cast["ref"], old_logps=cast["old"], **kw
+    )
+    loss.backward()
+    grads = [None if t is None else t.grad.double() for t in leaves]
+    return loss.detach().double(), grads, metrics
+
+
+def compare(inp, dtype, loss_rtol, grad_cos, chunk_tokens, **kw):
+    ref_loss, ref_grads, ref_m = run(reference_grpo_loss, inp, torch.float64, **kw)
+    loss, grads, m = run(fused_linear_grpo_loss, inp, dtype, chunk_tokens=chunk_tokens, **kw)
+    assert torch.isfinite(loss)
+    rel = (loss - ref_loss).abs() / ref_loss.abs().clamp(min=1e-12)
+    assert rel <= loss_rtol, f"loss {loss.item()} vs {ref_loss.item()} (rel {rel.item():.2e})"
+    for name, g, r in zip(("hidden", "weight", "bias"), grads, ref_grads):
+        if r is None:
+            continue
+        assert torch.isfinite(g).all(), name
+        cos = F.cosine_similarity(g.flatten(), r.flatten(), dim=0)
+        assert cos >= grad_cos, f"grad {name}: cosine {cos.item():.7f}"
+    torch.testing.assert_close(m.logps.double(), ref_m.logps, rtol=loss_rtol * 10, atol=loss_rtol * 10)
+    return ref_m, m
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dr_grpo", "dapo"])
+@pytest.mark.parametrize("level", ["token", "sequence"])
+def test_loss_types_off_policy_fp32(backend, loss_type, level, make_inputs):
+    inp = make_inputs(V=300, off_policy=True, temperature=0.7)
+    ref_m, m = compare(
+        inp, torch.float32, FP32_LOSS_RTOL, FP32_GRAD_COS, chunk_tokens=4, loss_type=loss_type,
+        importance_sampling_level=level, beta=0.04, temperature=0.7, max_completion_length=7,
+        num_items_in_batch=11.0 if loss_type == "dapo" else None,
+    )  # fmt: skip
+    for field in ("kl", "entropy", "clip_ratio_low", "clip_ratio_high", "clip_ratio_region"):
+        torch.testing.assert_close(getattr(m, field).double(), getattr(ref_m, field), rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("T", [1, 6])
+def test_on_policy_no_kl_no_bias_odd_vocab(backend, T, make_inputs):
+    inp = make_inputs(B=4, T=T, V=131, bias=False, masked_row=True)
+    compare(inp, torch.float32, FP32_LOSS_RTOL, FP32_GRAD_COS, chunk_tokens=3, loss_type="dapo", beta=0.0)
+
+
+def test_large_logit_offset(backend, make_inputs):
+    # A shared offset of 60 on every logit: the online softmax and entropy must not cancel
+    inp = make_inputs(V=97, offset=60.0, off_policy=True)
+    ref_m, m = compare(inp, torch.float32, FP32_LOSS_RTOL, FP32_GRAD_COS, chunk_tokens=8, beta=0.1, loss_type="bnpo")
+    torch.testing.assert_close(m.entropy.double(), ref_m.entropy, rtol=1e-5, atol=1e-5)
+
+
+def test_fp16_triton_interpreter(monkeypatch, make_inputs):
+    from grpo_kernels import triton_ops
+
+    monkeypatch.setattr(triton_ops, "FORCE_BACKEND", "triton")
+    monkeypatch.setattr(triton_ops, "STATS_BLOCK", 16)
+    monkeypatch.setattr(triton_ops, "STATS_SEGMENT", 32)
+    inp = make_inputs(B=2, T=4, H=32, V=75, off_policy=True)
+    # The reference sees the same fp16-rounded inputs, in fp64
+    for k in ("hidden", "weight", "bias"):
+        inp[k] = inp[k].half().double()
+    compare(inp, torch.float16, FP16_LOSS_RTOL, FP16_GRAD_COS, chunk_tokens=3, beta=0.04, temperature=1.3)
+
+
+def test_metrics_match_reference_in_fp64(make_inputs):
+    # Same precision on both sides, so clip decisions agree exactly and the means to rounding
+    inp = make_inputs(B=5, T=7, V=53, off_policy=True)
+    ref_m, m = compare(
+        inp, torch.float64, 1e-10, 1 - 1e-10, chunk_tokens=5, beta=0.2, loss_type="grpo", importance_sampling_level="token"
+    )
+    assert ref_m.clip_ratio_region > 0, "the off-policy inputs should clip some tokens"
+    for field in ref_m._fields:
+        torch.testing.assert_close(getattr(m, field), getattr(ref_m, field).to(getattr(m, field).dtype), rtol=1e-9, atol=1e-12)
+
+
+def test_selective_logprobs(backend, make_inputs):
+    inp = make_inputs(B=2, T=7, V=150)
+    h, w, b = (inp[k].float() for k in ("hidden", "weight", "bias"))
+    lp, ent = selective_logprobs(h, w, inp["ids"], bias=b, temperature=0.9, return_entropy=True, chunk_tokens=4)
+    ref_lp, ref_ent = reference_logprobs(inp["hidden"], inp["weight"], inp["ids"], bias=inp["bias"], temperature=0.9)
+    assert lp.dtype == torch.float32 and lp.shape == (2, 7) and not lp.requires_grad
+    torch.testing.assert_close(lp.double(), ref_lp, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ent.double(), ref_ent, rtol=1e-5, atol=1e-5)
+    only = selective_logprobs(h, w, inp["ids"], bias=b, temperature=0.9)
+    torch.testing.assert_close(only, lp)
+
+
+def test_backward_scales_by_grad_output_and_lean_matches(make_inputs):
+    inp = make_inputs(V=41, off_policy=True)
+    _, grads1, _ = run(fused_linear_grpo_loss, inp, torch.float32, beta=0.04)
+    h, w = (inp[k].float().clone().requires_grad_() for k in ("hidden", "weight"))
+    loss, _ = fused_linear_grpo_loss(h, w, inp["ids"], inp["mask"], inp["adv"].float(), bias=inp["bias"].float(),
+                                     ref_logps=inp["ref"].float(), old_logps=inp["old"].float(), beta=0.04, lean=True)
+    (loss * -2.5).backward()
+    torch.testing.assert_close(h.grad.double(), -2.5 * grads1[0])
+    torch.testing.assert_close(w.grad.double(), -2.5 * grads1[1])
+
+
+def test_no_grad_gives_loss_without_graph(make_inputs):
+    inp = make_inputs(V=41)
+    with torch.no_grad():
+        loss, m = fused_linear_grpo_loss(
+            inp["hidden"].requires_grad_(), inp["weight"], inp["ids"], inp["mask"], inp["adv"]
+        )
+    ref, _ = reference_grpo_loss(inp["hidden"].detach(), inp["weight"], inp["ids"], inp["mask"], inp["adv"])
+    assert not loss.requires_grad
+    torch.testing.assert_close(loss, ref.detach())
