@@ -195,14 +195,18 @@ def create_app(**kwargs: Any) -> GrpoTuiApp:
     return GrpoTuiApp(**kwargs)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """`grpo-tui` with no arguments (or `python -m grpo_tui.app`)."""
+def main(argv: list[str] | None = None, run_dir: Path | None = None) -> int:
+    """`grpo-tui` with no arguments (or `python -m grpo_tui.app`); `run_dir` opens that run's dashboard."""
+    if argv is None and run_dir is not None:
+        argv = []  # called by `grpo-tui run PRESET`: sys.argv holds the run command, not ours
     parser = argparse.ArgumentParser(prog="grpo-tui", description="Terminal dashboard and runner for GRPO")
     parser.add_argument("--runs-dir", type=Path, default=None, help="runs folder (default ./runs)")
     parser.add_argument("--preset", default=None, help="preset selected on open (default tiny-cpu)")
     parser.add_argument("--open", type=Path, default=None, help="open this run folder's dashboard")
     args = parser.parse_args(argv)
-    app = create_app(runs_dir=args.runs_dir, select_preset=args.preset, open_run=args.open)
+    opened = run_dir or args.open
+    runs_dir = args.runs_dir or (Path(opened).resolve().parent if opened else None)
+    app = create_app(runs_dir=runs_dir, select_preset=args.preset, open_run=opened)
     result = app.run()
     return int(result or 0)
 

@@ -49,8 +49,16 @@ def launch_preview(preset: Preset, runs_dir: Path) -> str:
     """The exact command the runner will launch for this preset (run folder name filled at start)."""
     from grpo_tui import launch
 
-    run_dir = Path(runs_dir).resolve() / f"<YYYYmmdd-HHMMSS>-{preset.name}"
+    run_dir = _relative(Path(runs_dir).resolve() / f"<YYYYmmdd-HHMMSS>-{preset.name}")
     return launch.format_command(launch.build_launch_command(preset, run_dir), launch.launch_env(preset))
+
+
+def _relative(path: Path) -> Path:
+    # Shorter to read; the runner passes the absolute form of the same path.
+    try:
+        return path.relative_to(Path.cwd())
+    except ValueError:
+        return path
 
 
 class PresetScreen(Screen[None]):
@@ -146,7 +154,9 @@ class PresetScreen(Screen[None]):
             return
         self.query_one("#preset-description", Static).update(Text(preset.description or "(no description)", "italic"))
         self.query_one("#preset-fields", Static).update(preset_fields_table(preset))
-        self.query_one("#preset-command", Static).update(Text(launch_preview(preset, self.app.runs_dir)))  # type: ignore[attr-defined]
+        app = self.app
+        runs_dir = app.runs_dir if app.runs_dir_given else Path(preset.logging.runs_dir)  # type: ignore[attr-defined]
+        self.query_one("#preset-command", Static).update(Text(launch_preview(preset, runs_dir)))
         self.query_one("#preset-checks", Static).update(Text("checking…", "dim"))
         self._check(preset)
 

@@ -31,7 +31,6 @@ class LossImplToggle(Horizontal):
         self.baseline = baseline
         self.current = current
         self.pending: str | None = None
-        self._quiet = False
 
     def compose(self) -> ComposeResult:
         yield Label(id="impl-baseline")
@@ -47,13 +46,11 @@ class LossImplToggle(Horizontal):
         if current:
             self.current = current
         self.pending = pending if pending != self.current else None
-        self._quiet = True
         switch = self.query_one(Switch)
         target = (self.pending or self.current) == "chunked"
         if switch.value != target:
-            switch.value = target
-        else:
-            self._quiet = False
+            with switch.prevent(Switch.Changed):  # mirroring the run is not a user request
+                switch.value = target
         self._render_labels()
 
     def _render_labels(self) -> None:
@@ -66,9 +63,6 @@ class LossImplToggle(Horizontal):
     @on(Switch.Changed, "#impl-switch")
     def _switched(self, event: Switch.Changed) -> None:
         event.stop()
-        if self._quiet:
-            self._quiet = False
-            return
         self.post_message(self.Toggled("chunked" if event.value else self.baseline))
 
     def target_of_toggle(self) -> str:

@@ -1,0 +1,168 @@
+"""Presets screen (the start screen) and the preset editor, driven with Textual's pilot."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from textual.widgets import Input, OptionList, Static
+
+import pytest
+from grpo_tui.demo import make_run
+from grpo_tui.screens.dashboard import DashboardScreen
+from grpo_tui.screens.preset_editor import PresetEditorScreen
+from grpo_tui.screens.presets import PresetScreen
+from grpo_tui.widgets.runs_table import RunsTable
+from ui_support import SIZE, plain, wait_for
+
+pytestmark = pytest.mark.anyio
+
+
+def _text(app, selector: str) -> str:  # noqa: ANN001
+    return plain(app.screen.query_one(selector, Static))
+
+
+async def test_opens_on_tiny_cpu_with_fields_and_command(app_factory, recorded_run) -> None:
+    app = app_factory()
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        screen = app.screen
+        assert isinstance(screen, PresetScreen)
+        assert screen.selected_name == "tiny-cpu"
+        fields = _text(app, "#preset-fields")
+        assert "builtin:tiny-qwen3" in fields and "num_generations" in fields
+        command = _text(app, "#preset-command")
+        assert "accelerate.commands.launch" in command and "--config_file" in command
+        assert "ACCELERATE_USE_CPU=true" in command  # tiny-cpu trains on the CPU
+        table = screen.query_one(RunsTable)
+        await wait_for(pilot, lambda: len(table.runs) == 1)
+        assert table.runs[0].path == recorded_run and table.runs[0].status == "finished"
+        await wait_for(pilot, lambda: "checking" not in _text(app, "#preset-checks"))
+
+
+async def test_moving_the_selection_updates_the_detail(app_factory) -> None:
+    app = app_factory()
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        options = app.screen.query_one(OptionList)
+        names = [e.name for e in app.screen.entries]
+        await pilot.press("up")
+        expected = names[names.index("tiny-cpu") - 1]
+        assert app.screen.selected_name == expected
+        assert expected in str(app.screen.query_one("#preset-detail-box").border_title)
+        assert options.highlighted == names.index(expected)
+
+
+async def test_s_and_enter_start_the_selected_preset_and_open_its_dashboard(app_factory, runs_dir) -> None:
+    started: list[str] = []
+
+    def launcher(preset, runs_dir_arg):  # noqa: ANN001, ANN202
+        started.append(preset.name)
+        run = make_run(runs_dir / f"2026010{len(started)}-000000-{preset.name}", steps=5)
+        return run.path, None
+
+    app = app_factory(launcher=launcher)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        await pilot.press("s")
+        await wait_for(pilot, lambda: isinstance(app.screen, DashboardScreen))
+        assert started == ["tiny-cpu"]
+        assert app.screen.run_path.name == "20260101-000000-tiny-cpu"
+        await pilot.press("escape")
+        assert isinstance(app.screen, PresetScreen)
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: isinstance(app.screen, DashboardScreen))
+        assert started == ["tiny-cpu", "tiny-cpu"]
+
+
+async def test_a_failed_start_says_why_in_one_line(app_factory) -> None:
+    from grpo_tui.preset_store import PresetError
+
+    def launcher(preset, runs_dir_arg):  # noqa: ANN001, ANN202
+        raise PresetError(["distributed.num_processes: got 8; 0 GPU(s) visible on this machine"])
+
+    app = app_factory(launcher=launcher)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        await pilot.press("s")
+        await wait_for(pilot, lambda: any("num_processes" in str(n.message) for n in app._notifications))
+        assert isinstance(app.screen, PresetScreen)
+
+
+async def test_an_invalid_user_preset_is_listed_with_its_error(app_factory, tmp_path) -> None:
+    user = tmp_path / "user-presets"
+    user.mkdir()
+    (user / "broken.toml").write_text('[grpo]\nnum_generations = 1\n')
+    app = app_factory()
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        assert "broken" in [e.name for e in app.screen.entries]
+        names = [e.name for e in app.screen.entries]
+        app.screen.query_one(OptionList).highlighted = names.index("broken")
+        await pilot.pause()
+        assert "grpo.num_generations" in _text(app, "#preset-fields")
+        await pilot.press("s")  # refuses, with the error, instead of starting
+        await pilot.pause()
+        assert isinstance(app.screen, PresetScreen)
+        assert any("num_generations" in str(n.message) for n in app._notifications)
+
+
+async def test_editor_validates_inline_and_saves_a_user_preset(app_factory, tmp_path) -> None:
+    app = app_factory()
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        await pilot.press("e")
+        await pilot.pause()
+        editor = app.screen
+        assert isinstance(editor, PresetEditorScreen)
+        field = editor.query_one("#f-grpo--num_generations", Input)
+        field.value = "1"
+        await pilot.pause()
+        error = plain(editor.query_one("#err-f-grpo--num_generations"))
+        assert "greater than or equal to 2" in error
+        await pilot.press("ctrl+s")  # invalid: nothing saved
+        await pilot.pause()
+        assert isinstance(app.screen, PresetEditorScreen)
+        assert not (tmp_path / "user-presets").exists()
+        field.value = "4"
+        editor.query_one("#f-name", Input).value = "tiny-cpu"  # a built-in's name is refused
+        await pilot.pause()
+        assert "built-in" in plain(editor.query_one("#err-f-name"))
+        editor.query_one("#f-name", Input).value = "my-tiny"
+        await pilot.pause()
+        assert plain(editor.query_one("#err-f-grpo--num_generations")) == ""
+        await pilot.press("ctrl+s")
+        await wait_for(pilot, lambda: isinstance(app.screen, PresetScreen))
+        saved = tmp_path / "user-presets" / "my-tiny.toml"
+        assert saved.is_file() and "num_generations = 4" in saved.read_text()
+        assert app.screen.selected_name == "my-tiny"
+
+
+async def test_editor_escape_cancels(app_factory, tmp_path) -> None:
+    app = app_factory()
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        await pilot.press("e")
+        await pilot.pause()
+        await pilot.press("escape")
+        await pilot.pause()
+        assert isinstance(app.screen, PresetScreen)
+        assert not (tmp_path / "user-presets").exists()
+
+
+async def test_enter_on_the_runs_table_opens_that_run(app_factory, recorded_run) -> None:
+    app = app_factory()
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        table = app.screen.query_one(RunsTable)
+        await wait_for(pilot, lambda: len(table.runs) == 1)
+        table.focus()
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: isinstance(app.screen, DashboardScreen))
+        assert app.screen.run_path == recorded_run
+
+
+async def test_relative_runs_dir_shows_relative_paths(app_factory, tmp_path) -> None:
+    app = app_factory(runs_dir=Path("runs"))
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        assert "runs/<YYYYmmdd-HHMMSS>-tiny-cpu/accelerate.yaml" in _text(app, "#preset-command")
