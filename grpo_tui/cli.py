@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import inspect
 import sys
 from pathlib import Path
 from typing import Any, Callable
@@ -138,7 +137,7 @@ def _import_target(module_name: str, function: str, label: str) -> Callable[[lis
 
 
 def _tui_main(run_dir: Path | None = None) -> Callable[[], int] | None:
-    """The app's entry (attached to `run_dir` if given), or None when the app cannot be used."""
+    """The app's entry (opened on `run_dir` if given), or None when the app cannot be used here."""
     if not (sys.stdin.isatty() and sys.stdout.isatty()):
         return None
     try:
@@ -150,11 +149,9 @@ def _tui_main(run_dir: Path | None = None) -> Callable[[], int] | None:
     entry = getattr(app, "main", None)
     if entry is None:
         return None
-    if run_dir is None:
-        return entry
-    if "run_dir" not in inspect.signature(entry).parameters:
-        return None
-    return lambda: entry(run_dir=run_dir)
+    # The app parses its own argv: --open RUN_DIR shows that run's dashboard.
+    argv = [] if run_dir is None else ["--open", str(run_dir), "--runs-dir", str(Path(run_dir).parent)]
+    return lambda: entry(argv)
 
 
 def _bare() -> int:
