@@ -130,8 +130,7 @@ def _clipped(state: RunState, window: int | None) -> list[Alert]:
 
 
 def _entropy_collapse(state: RunState, window: int | None) -> list[Alert]:
-    _, early = state.series("entropy")
-    early = early[:ENTROPY_EARLY_STEPS]
+    early = [v for v in state.column("entropy")[: 4 * ENTROPY_EARLY_STEPS] if not math.isnan(v)][:ENTROPY_EARLY_STEPS]
     if len(early) < ENTROPY_EARLY_STEPS:
         return []
     early_mean = sum(early) / len(early)

