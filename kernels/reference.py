@@ -20,7 +20,7 @@ def reference_logprobs(
     bias: torch.Tensor | None = None,
     temperature: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Log-probs of `ids` and entropies from full logits, differentiable.
+    """Log-probs of `ids` (differentiable) and entropies (detached) from full logits.
 
     The logits GEMM runs in the inputs' dtype; the softmax in fp32 (fp64 for fp64 inputs), as TRL did
     before its fused head.
@@ -31,10 +31,13 @@ def reference_logprobs(
     logits = hidden @ weight.t()
     if bias is not None:
         logits = logits + bias
-    logits = logits.to(torch.float64 if hidden.dtype == torch.float64 else torch.float32) / temperature
+    logits = logits.to(torch.float64 if hidden.dtype == torch.float64 else torch.float32)
+    if temperature != 1.0:
+        logits = logits / temperature
     logp_all = torch.log_softmax(logits, dim=-1)
     logps = logp_all.gather(-1, ids.long().unsqueeze(-1)).squeeze(-1)
-    entropies = -(logp_all.exp() * logp_all).sum(-1)
+    with torch.no_grad():  # entropies are logged, not trained on (as in TRL)
+        entropies = -(logp_all.exp() * logp_all).sum(-1)
     return logps, entropies
 
 
