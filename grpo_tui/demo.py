@@ -220,3 +220,43 @@ class LiveWriter:
             _write_lines(completions, completion_records(step, rng), mode="a")
             self.steps_written += 1
             step += 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m grpo_tui.demo make RUN_DIR [--steps N] [--switch-step S] [--running]` writes a recorded run;
+    `python -m grpo_tui.demo live RUN_DIR [--hz H] [--seconds T]` then appends steps to it like a live trainer."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m grpo_tui.demo", description=main.__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    make = sub.add_parser("make", help="write a deterministic recorded run folder")
+    make.add_argument("run_dir", type=Path)
+    make.add_argument("--steps", type=int, default=200)
+    make.add_argument("--max-steps", type=int, default=None)
+    make.add_argument("--switch-step", type=int, default=None)
+    make.add_argument("--running", action="store_true", help="no finish event; run.json says running")
+    live = sub.add_parser("live", help="append step records at --hz until --seconds pass (or Ctrl-C)")
+    live.add_argument("run_dir", type=Path)
+    live.add_argument("--hz", type=float, default=2.0)
+    live.add_argument("--seconds", type=float, default=None)
+    args = parser.parse_args(argv)
+    if args.command == "make":
+        run = make_run(args.run_dir, args.steps, max_steps=args.max_steps, switch_step=args.switch_step,
+                       finished=not args.running, completions=args.steps <= 20_000)
+        print(run.path)
+        return 0
+    from grpo_tui.runstate import run_info  # reads only the file's tail
+
+    last = run_info(Path(args.run_dir)).steps
+    writer = LiveWriter(Path(args.run_dir), hz=args.hz, start_step=last + 1).start()
+    try:
+        writer._stop.wait(args.seconds)
+    except KeyboardInterrupt:
+        pass
+    writer.stop()
+    print(f"appended {writer.steps_written} steps")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

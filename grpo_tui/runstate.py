@@ -19,6 +19,8 @@ import tomllib
 from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
+import operator
+from itertools import compress
 from operator import itemgetter
 from typing import Any, Iterable, NamedTuple, Sequence
 
@@ -235,8 +237,8 @@ class RunState:
             return [], []
         if not math.isnan(sum(col)):  # the usual case: nothing missing, copy at C speed
             return list(self.steps), list(col)
-        pairs = [(x, y) for x, y in zip(self.steps, col) if not math.isnan(y)]
-        return [p[0] for p in pairs], [p[1] for p in pairs]
+        keep = list(map(operator.not_, map(math.isnan, col)))  # C-level passes, no Python loop
+        return list(compress(self.steps, keep)), list(compress(col, keep))
 
     def downsampled(self, name: str, max_points: int, *also: str) -> tuple[list[float], ...]:
         """(steps, values, *values of `also`) at at most `max_points` shape-keeping points of `name`.
@@ -308,9 +310,10 @@ class RunState:
 
     def median_step_time(self, last: int | None = None) -> float | None:
         """Median of `step_time` (or of time deltas between steps) over the last `last` steps (all if None)."""
-        values = [v for v in self._cols.get("step_time", array("d")) if not math.isnan(v)]
+        start = 0 if last is None else max(0, len(self.steps) - last - 1)  # only the tail: cheap on long runs
+        values = [v for v in self._cols.get("step_time", array("d"))[start:] if not math.isnan(v)]
         if not values:
-            times = [t for t in self._cols.get("time", array("d")) if not math.isnan(t)]
+            times = [t for t in self._cols.get("time", array("d"))[start:] if not math.isnan(t)]
             values = [b - a for a, b in zip(times, times[1:]) if b > a]
         if last is not None:
             values = values[-last:]
