@@ -113,15 +113,31 @@ class ProgressPrinter:
         )
 
 
-def failure_reason(metrics_path: Path, stdout_path: Path) -> str:
-    """One line: the last error/oom event of the metrics stream, else the cause found in stdout.log."""
+def failure_reason(metrics_path: Path, stdout_path: Path, exit_code: int | None = None) -> str:
+    """One line: the last error/oom event of the metrics stream, else the cause found in stdout.log.
+
+    A negative `exit_code` (killed by that signal, as Popen reports it) is said when no event explains it.
+    """
     for record in reversed(read_records(metrics_path)):
         if record.get("event") == "oom":
             phase = record.get("phase", "an unknown phase")
             return f"out of memory in the {phase} phase at step {record.get('step', '?')}: {OOM_ADVICE}"
         if record.get("event") == "error":
             return _error_text(record)
+    if exit_code is not None and exit_code < 0:
+        name = _signal_name(-exit_code)
+        hint = " (the system may have run out of host memory)" if name == "SIGKILL" else ""
+        return f"the trainer was killed by {name}{hint}"
     return _log_reason(stdout_path)
+
+
+def _signal_name(number: int) -> str:
+    import signal
+
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
 
 
 def _error_text(record: dict[str, Any]) -> str:

@@ -102,6 +102,8 @@ class Supervisor:
         cwd = command.get("cwd") if command.get("cwd") and Path(command["cwd"]).is_dir() else None
         me = _process_identity(os.getpid())
         self.run.update_status(status="starting", pid=os.getpid(), pid_started=me, started=time.time())
+        if self.killed:  # killed before it started: start nothing
+            raise OSError("the run was killed before the trainer started")
         with open(self.run.stdout, "ab") as log:
             # Own session = own process group: a terminal's Ctrl-C reaches only us, and one killpg
             # reaches every rank accelerate starts.
@@ -133,15 +135,15 @@ class Supervisor:
         control = read_json(self.run.control) or {}
         stop_requested = bool(control.get("stop"))
         fields: dict[str, Any] = {"ended": time.time(), "exit_code": code}
-        if self.killed or (stop_requested and control.get("kill")):
-            status, result = "stopped", code if code not in (0, None) else 1
-            fields["reason"] = "killed on request before the trainer finished"
-        elif code == 0:
+        if code == 0:
             status, result = ("stopped" if stop_requested else "finished"), 0
             fields["reason"] = "stopped on request" if stop_requested else None
+        elif self.killed or (stop_requested and control.get("kill")):
+            status, result = "stopped", _shell_code(code)
+            fields["reason"] = "killed on request before the trainer finished"
         else:
-            status, result = "failed", code
-            fields["reason"] = failure_reason(self.run.metrics, self.run.stdout)
+            status, result = "failed", _shell_code(code)
+            fields["reason"] = failure_reason(self.run.metrics, self.run.stdout, code)
         self.run.update_status(status=status, **fields)
         return result
 
@@ -163,6 +165,11 @@ class Supervisor:
             time.sleep(0.05)
         # The leader may be gone while ranks linger: the group still gets the final signal.
         _signal_group(pgid, signal.SIGKILL)
+
+
+def _shell_code(code: int) -> int:
+    """A child killed by signal N (Popen's -N) exits 128 + N, as a shell reports it."""
+    return 128 - code if code < 0 else code
 
 
 def _signal_group(pgid: int, sig: signal.Signals) -> None:
@@ -204,8 +211,9 @@ def supervise(run_dir: Path, echo: TextIO | None = None, interactive: bool = Fal
         try:
             supervisor.start()
         except OSError as exc:  # the interpreter or launcher could not be started at all
-            run.update_status(status="failed", ended=time.time(), exit_code=None, reason=f"cannot start the trainer: {exc}")
-            print(f"run failed: cannot start the trainer: {exc}", file=sys.stderr, flush=True)
+            status = "stopped" if supervisor.killed else "failed"
+            run.update_status(status=status, ended=time.time(), exit_code=None, reason=f"cannot start the trainer: {exc}")
+            print(f"run {status}: cannot start the trainer: {exc}", file=sys.stderr, flush=True)
             return 1
         code = supervisor.wait()
     finally:

@@ -2,7 +2,7 @@
 
 Test-only. Reads <run>/config.toml for max_steps, appends step records to metrics.jsonl, honours
 control.json ({"stop": true} -> stop_requested event, exit 0). FAKE_TRAINER_MODE picks a failure:
-"error" (error event, exit 1), "oom" (oom event, exit 1), "crash" (an uncaught exception, no event),
+"error" (error event, exit 1), "oom" (oom event, exit 1), "crash" (an uncaught exception, no event), "selfkill" (SIGKILL, as the OOM killer does),
 "hang" (steps until stopped). FAKE_TRAINER_IGNORE_STOP=1 ignores stop requests (only a signal ends
 it). FAKE_TRAINER_STEP_S is the time per step.
 """
@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import time
 import tomllib
@@ -41,6 +42,8 @@ def main() -> int:
             if mode == "error" and step == 2:
                 writer.event("error", step=step, type="RuntimeError", message="reward function raised at step 2")
                 return 1
+            if mode == "selfkill" and step == 2:
+                os.kill(os.getpid(), signal.SIGKILL)
             if mode == "oom" and step == 2:
                 writer.event("oom", step=step, phase="generation", peak_mib=1234.0)
                 return 1

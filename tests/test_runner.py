@@ -145,6 +145,7 @@ def test_sigint_twice_kills_the_process_group(tmp_path: Path) -> None:
         ("error", "run failed: RuntimeError: reward function raised at step 2"),
         ("oom", "run failed: out of memory in the generation phase at step 2: try a smaller grpo.per_device_batch_size"),
         ("crash", "run failed: ValueError: fake trainer blew up at step 2"),
+        ("selfkill", "run failed: the trainer was killed by SIGKILL (the system may have run out of host memory)"),
     ],
 )
 def test_failure_prints_one_line_reason(tmp_path: Path, capsys: pytest.CaptureFixture[str], mode: str, expected: str) -> None:
@@ -155,7 +156,8 @@ def test_failure_prints_one_line_reason(tmp_path: Path, capsys: pytest.CaptureFi
     lines = [line for line in err.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith(expected), err
     status = run.read_status()
-    assert status["status"] == "failed" and status["exit_code"] == code
+    assert status["status"] == "failed"
+    assert code == (137 if mode == "selfkill" else status["exit_code"])  # 128 + SIGKILL, as a shell says
     assert f"run failed: {status['reason']}" == lines[0]
 
 
