@@ -20,7 +20,7 @@ from grpo_tui.alerts import Alert, AlertLog, detect_alerts
 from grpo_tui.completions import CompletionIndex, PromptGroup
 from grpo_tui.metrics import PHASES
 from grpo_tui.rundir import RunDir, read_json
-from grpo_tui.runstate import RunState, downsample, load_run, phase_series, run_info
+from grpo_tui.runstate import RunState, load_run, phase_series, run_info
 from grpo_tui.widgets.progress_panel import ProgressInfo
 
 # Points per drawn series: about two per cell of a wide chart, so nothing visible is lost.
@@ -195,24 +195,20 @@ class DashboardFeed:
 
 
 def build_charts(state: RunState) -> ChartData:
-    """Downsampled series for every chart (steps on x)."""
-    xs, mean = state.series("reward")
-    _, std = state.series("reward_std")
-    if len(std) != len(mean):
-        std = [0.0] * len(mean)
-    idx = _downsample_index(len(xs))
-    reward = ([xs[i] for i in idx], [mean[i] for i in idx], [std[i] for i in idx])
-    funcs = {name: downsample(*state.series(f"rewards/{name}/mean"), MAX_POINTS) for name in state.reward_functions}
-    metrics = {title: downsample(*state.series(name), MAX_POINTS) for title, name in METRIC_CHARTS}
-    return ChartData(reward=reward, funcs=funcs, metrics=metrics, switches=list(state.switch_steps))
+    """Downsampled series for every chart (steps on x); cached per series in RunState, so a live
+    redraw costs the new points only."""
+    xs, mean, std = state.downsampled("reward", MAX_POINTS, "reward_std")
+    std = [0.0 if math.isnan(v) else v for v in std]
+    funcs = {name: _pair(state.downsampled(f"rewards/{name}/mean", MAX_POINTS)) for name in state.reward_functions}
+    metrics = {title: _pair(state.downsampled(name, MAX_POINTS)) for title, name in METRIC_CHARTS}
+    return ChartData(reward=(list(xs), list(mean), std), funcs=funcs, metrics=metrics,
+                     switches=list(state.switch_steps))
 
 
-def _downsample_index(n: int) -> list[int]:
-    # The reward band needs mean and std at the same steps: pick indices evenly instead of min/max.
-    if n <= MAX_POINTS:
-        return list(range(n))
-    stride = (n - 1) / (MAX_POINTS - 1)
-    return sorted({round(i * stride) for i in range(MAX_POINTS)})
+def _pair(series: tuple[list[float], ...]) -> tuple[list[float], list[float]]:
+    # Steps where the metric is missing are left out (plotext cannot draw NaN).
+    pairs = [(x, y) for x, y in zip(series[0], series[1]) if not math.isnan(y)]
+    return [p[0] for p in pairs], [p[1] for p in pairs]
 
 
 def phase_rows(state: RunState) -> dict[str, dict[str, float | None]]:

@@ -53,10 +53,10 @@ def launch_preview(preset: Preset, runs_dir: Path) -> str:
     return launch.format_command(launch.build_launch_command(preset, run_dir), launch.launch_env(preset))
 
 
-def _relative(path: Path) -> Path:
+def _relative(path: Path, base: Path | None = None) -> Path:
     # Shorter to read; the runner passes the absolute form of the same path.
     try:
-        return path.relative_to(Path.cwd())
+        return path.relative_to(base or Path.cwd())
     except ValueError:
         return path
 
@@ -144,7 +144,7 @@ class PresetScreen(Screen[None]):
         entry = next(e for e in self.entries if e.name == name)
         box = self.query_one("#preset-detail-box")
         box.border_title = f"{name} · {entry.origin}"
-        box.border_subtitle = str(entry.path)
+        box.border_subtitle = str(_relative(entry.path, preset_store.BUILTIN_DIR.parent))
         preset = self.presets.get(name)
         if preset is None:
             self.query_one("#preset-description", Static).update(Text("This preset does not validate:", "bold red"))

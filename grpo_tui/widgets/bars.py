@@ -10,10 +10,11 @@ SPARKS = "▁▂▃▄▅▆▇█"
 EIGHTHS = " ▏▎▍▌▋▊▉█"
 
 
-def bar(fraction: float, width: int) -> Text:
-    """A horizontal bar `width` cells wide, coloured green → yellow → red by how full it is."""
+def bar(fraction: float, width: int, colour: str | None = None) -> Text:
+    """A horizontal bar `width` cells wide, coloured green → yellow → red by how full it is (memory)
+    unless `colour` is given (progress)."""
     fraction = min(1.0, max(0.0, fraction))
-    colour = "green" if fraction < 0.7 else "yellow" if fraction < 0.9 else "red"
+    colour = colour or ("green" if fraction < 0.7 else "yellow" if fraction < 0.9 else "red")
     cells = fraction * width
     full = int(cells)
     part = EIGHTHS[int((cells - full) * 8)] if full < width else ""

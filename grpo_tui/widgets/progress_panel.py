@@ -47,7 +47,7 @@ class ProgressPanel(Static):
         frac = info.step / total if total else 0.0
         width = max(10, self.size.width - 22)
         line1 = Text.assemble((f"● {info.state}", STATE_STYLES.get(info.state, "bold")), "  step ",
-                              (f"{info.step}", "bold"), f"/{total or '?'}  ", bar(frac, width), f" {frac:4.0%}")
+                              (f"{info.step}", "bold"), f"/{total or '?'}  ", bar(frac, width, "dodger_blue1"), f" {frac:4.0%}")
         speed = f"{info.steps_per_s:.2f}" if info.steps_per_s else "n/a"
         line2 = Text.assemble(("elapsed ", "dim"), duration(info.elapsed_s), ("   ETA ", "dim"),
                               (duration(info.eta_s) if info.state == "running" else "—", "bold"),

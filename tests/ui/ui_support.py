@@ -47,9 +47,12 @@ def gpu_snapshot(pids: tuple[int, ...] = (424242, 424243)) -> MonitorSnapshot:
 
 def mark_running(run: Path, pid: int | None = None) -> None:
     """Make run.json say a live process (this test's, by default) runs the run."""
+    import psutil
+
+    pid = pid or os.getpid()
     meta = json.loads((run / "run.json").read_text())
-    meta.update(state="running", status="running", pid=pid or os.getpid(), pgid=None, started=time.time(),
-                exit_code=None)
+    meta.update(status="running", pid=pid, pid_started=psutil.Process(pid).create_time(), started=time.time(),
+                pgid=None, child_pid=None, child_started=None, exit_code=None)
     (run / "run.json").write_text(json.dumps(meta))
 
 
