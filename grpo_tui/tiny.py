@@ -1,9 +1,13 @@
 """The embedded default model: a tiny Qwen3-architecture causal LM built offline, with a warm start.
 
 `builtin:tiny-qwen3` is built from `TINY_CONFIG` with a fixed seed and a character-level tokenizer made
-with `tokenizers`, then given a short supervised warm start on the built-in addition task. The warm start
-is deliberately short: the model learns the answer format and some arithmetic, but a sampled completion
-is still right only part of the time, so GRPO has room (and reward variance within a group) to improve it.
+with `tokenizers`, then given a short supervised warm start on the built-in addition task (300 steps of
+64 problems, ~5-10 s on 2 cores). The warm start uses label smoothing 0.5: the model learns the answer
+format and ranks the right digits high, but its sampled completions stay spread out (reward ~0.25 at
+temperature 1). GRPO then has what it needs to show learning on a small CPU budget: reward variance
+within each group and a policy it can sharpen. Measured on this 2-core machine (400 GRPO steps, lr 3e-4):
+first-20-step mean reward ~0.25, last-20 ~0.6. Without smoothing, a 150-step warm start climbed only
+~0.1 in 1500 steps; exact-match reward alone gave no signal at all.
 
 The result is saved with `save_pretrained` (model and tokenizer) under
 `<cache>/models/<key>/`, where `<cache>` is `platformdirs.user_cache_path("grpo-tui")` or the
@@ -53,7 +57,7 @@ class WarmStart:
     learning_rate: float = 3e-3
     digits: int = 2
     # Label smoothing leaves the sampled policy spread out even where the argmax is right (see module doc).
-    label_smoothing: float = 0.3
+    label_smoothing: float = 0.5
     seed: int = 0
 
 
@@ -72,8 +76,8 @@ def cache_root() -> Path:
     return platformdirs.user_cache_path("grpo-tui")
 
 
-def cache_key(config: dict | None = None, warm_start: WarmStart = DEFAULT_WARM_START) -> str:
-    payload = {"config": config or TINY_CONFIG, "warm": asdict(warm_start), "v": BUILDER_VERSION, "chars": CHARACTERS}
+def cache_key(config: dict | None = None, recipe: WarmStart = DEFAULT_WARM_START) -> str:
+    payload = {"config": config or TINY_CONFIG, "warm": asdict(recipe), "v": BUILDER_VERSION, "chars": CHARACTERS}
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 

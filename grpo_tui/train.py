@@ -96,6 +96,10 @@ def grpo_config(preset: Preset, run: RunDir) -> Any:
         },
         disable_tqdm=True,
         log_completions=False,
+        # TRL 1.16 weights the KL term by the importance ratio by default; the chunked kernel's KL is the
+        # plain k3 estimate. All three loss.impl must compute the same objective (they can be switched
+        # live), so the plain KL is used throughout. No effect when beta == 0.
+        use_bias_correction_kl=False,
     )
 
 
