@@ -67,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.set_defaults(handler=_cmd_run)
 
     presets = sub.add_parser("presets", help="list, show or validate presets")
-    psub = presets.add_subparsers(dest="presets_command", metavar="{list,show,validate}", required=True)
+    psub = presets.add_subparsers(dest="presets_command", metavar="{list,show,validate,save}", required=True)
     plist = psub.add_parser("list", help="built-in and user presets")
     plist.set_defaults(handler=_cmd_presets_list)
     show = psub.add_parser("show", help="the resolved preset (defaults filled) and its launch command")
@@ -77,6 +77,12 @@ def build_parser() -> argparse.ArgumentParser:
     validate = psub.add_parser("validate", help="check preset files; exit 2 with one line per problem")
     validate.add_argument("files", nargs="+", help="preset names or .toml files")
     validate.set_defaults(handler=_cmd_presets_validate)
+    save = psub.add_parser("save", help="save a preset, with --set changes, as a user preset")
+    save.add_argument("name", help="the new preset's name")
+    save.add_argument("--from", dest="source", default="tiny-cpu", help="preset to start from (default tiny-cpu)")
+    _add_set(save)
+    save.add_argument("--force", action="store_true", help="replace a user preset of that name")
+    save.set_defaults(handler=_cmd_presets_save)
 
     runs = sub.add_parser("runs", help="list runs with their status")
     runs.add_argument("--runs-dir", type=Path, default=Path("runs"), help="folder holding run folders (default: runs)")
@@ -267,6 +273,21 @@ def _cmd_presets_validate(args: argparse.Namespace) -> int:
     return EXIT_USAGE if failed else 0
 
 
+def _cmd_presets_save(args: argparse.Namespace) -> int:
+    from grpo_tui.checks import check_preset
+    from grpo_tui.overrides import apply_overrides
+    from grpo_tui.preset_store import PresetError, load_preset, save_user_preset
+
+    preset, _ = load_preset(args.source)
+    preset = apply_overrides(preset, args.overrides)
+    result = check_preset(preset, environment=False)
+    if result.errors:
+        raise PresetError(result.errors)
+    path = save_user_preset(preset, args.name, overwrite=args.force)
+    print(f"saved {path}")
+    return 0
+
+
 def _cmd_runs(args: argparse.Namespace) -> int:
     import time
 
@@ -278,13 +299,29 @@ def _cmd_runs(args: argparse.Namespace) -> int:
         print(f"no runs in {args.runs_dir.resolve()}")
         return 0
     width = max(len(r.name) for r in runs)
-    print(f"{'RUN':<{width}}  {'STATUS':<9}  {'STARTED':<19}  REASON")
+    print(f"{'RUN':<{width}}  {'STATUS':<9}  {'STEP':>6}  {'STARTED':<19}  REASON")
     for run in runs:
         status = effective_status(run)
         started = status.get("started") or status.get("created")
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started)) if isinstance(started, (int, float)) else "-"
-        print(f"{run.name:<{width}}  {status.get('status', '?'):<9}  {when:<19}  {status.get('reason') or ''}")
+        step = _last_step(run.metrics)
+        print(f"{run.name:<{width}}  {status.get('status', '?'):<9}  {step if step is not None else '-':>6}  {when:<19}  "
+              f"{status.get('reason') or ''}")
     return 0
+
+
+def _last_step(metrics: Path, tail_bytes: int = 16384) -> int | None:
+    """The last logged step, from the file's tail only (a long run's file can be large)."""
+    from grpo_tui.metrics import MetricsTail
+
+    try:
+        size = metrics.stat().st_size
+    except OSError:
+        return None
+    # Starting mid-line gives one torn first line, which the reader skips.
+    records = MetricsTail(metrics, offset=max(0, size - tail_bytes)).read_new()
+    steps = [r["step"] for r in records if isinstance(r.get("step"), int)]
+    return steps[-1] if steps else None
 
 
 def _cmd_control(args: argparse.Namespace) -> int:

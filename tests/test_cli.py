@@ -74,7 +74,8 @@ def test_run_detach_runs_and_lists(tmp_path: Path, capsys: pytest.CaptureFixture
     wait_for(lambda: run.read_status().get("status") == "finished", "the detached run")
     assert cli.main(["runs"]) == 0
     out = capsys.readouterr().out
-    assert run.name in out and "finished" in out
+    (row,) = [line for line in out.splitlines() if line.startswith(run.name)]
+    assert row.split()[1:3] == ["finished", "3"]
 
 
 def test_control_writes_requests(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -111,6 +111,20 @@ def test_save_user_preset_refuses_overwrite_and_bad_name() -> None:
         save_user_preset(tiny, "../evil")
 
 
+def test_presets_save_from_the_command_line(user_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["presets", "save", "short", "--from", "tiny-cpu", "--set", "grpo.max_steps=9"]
+    assert main(argv) == 0
+    saved = load_preset("short")[0]
+    assert saved.name == "short" and saved.grpo.max_steps == 9 and (user_dir / "short.toml").is_file()
+    capsys.readouterr()
+    assert one_error(capsys, argv).endswith("short.toml: a user preset with this name exists")
+    assert main([*argv, "--force", "--set", "grpo.max_steps=10"]) == 0
+    assert load_preset("short")[0].grpo.max_steps == 10
+    capsys.readouterr()
+    line = one_error(capsys, ["presets", "save", "bad", "--set", "grpo.per_device_batch_size=3"])
+    assert line.startswith("grpo.num_generations: got 8")
+
+
 def test_file_without_name_is_named_after_its_stem(tmp_path: Path) -> None:
     preset = load_preset_file(write(tmp_path, "[grpo]\nmax_steps = 3\n", "quick.toml"))
     assert preset.name == "quick" and preset.grpo.max_steps == 3
