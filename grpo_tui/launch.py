@@ -28,7 +28,8 @@ def build_accelerate_config(preset: Preset, machine_rank: int | None = None) -> 
     d = preset.distributed
     total = d.num_processes * d.num_machines
     distributed = total > 1
-    if d.fsdp and distributed:
+    if d.fsdp:
+        # Even with one process: FSDP on a single GPU is how the sharded code path is tried out.
         distributed_type = "FSDP"
     elif distributed:
         distributed_type = "MULTI_GPU"
@@ -55,7 +56,7 @@ def build_accelerate_config(preset: Preset, machine_rank: int | None = None) -> 
     }
     if not d.use_cpu:
         config["gpu_ids"] = "all"
-    if distributed:
+    if distributed or d.fsdp:
         config["main_process_port"] = d.main_process_port
     if d.num_machines > 1:
         config["main_process_ip"] = d.main_process_ip

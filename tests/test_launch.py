@@ -51,6 +51,11 @@ def test_n_gpus_fsdp2(tmp_path: Path) -> None:
     assert "fsdp_sharding_strategy" not in config.fsdp_config  # an FSDP1 option
 
 
+def test_fsdp_on_one_gpu_stays_fsdp(tmp_path: Path) -> None:
+    config = loaded(preset(num_processes=1, fsdp=True), tmp_path)
+    assert config.distributed_type == DistributedType.FSDP and config.num_processes == 1
+
+
 def test_fsdp1_uses_sharding_strategy(tmp_path: Path) -> None:
     config = loaded(preset(num_processes=2, fsdp=True, fsdp_version=1), tmp_path)
     assert config.fsdp_config["fsdp_version"] == 1 and config.fsdp_config["fsdp_sharding_strategy"] == "FULL_SHARD"
