@@ -1,0 +1,86 @@
+"""End to end through the console command: `grpo-tui run tiny-cpu --headless` with the real trainer
+under `accelerate launch`, and Ctrl-C on a real run. Slow (tens of seconds each)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from tiny_cache import tiny_model_path  # noqa: F401 - session fixture (shares the tiny model build)
+
+from grpo_tui.metrics import SCHEMA_VERSION, read_records, step_records
+from grpo_tui.rundir import RunDir, list_runs
+
+pytestmark = pytest.mark.slow
+
+
+def grpo_tui_argv() -> list[str]:
+    script = shutil.which("grpo-tui")
+    return [script] if script else [sys.executable, "-m", "grpo_tui.cli"]
+
+
+def the_run(runs_dir: Path) -> RunDir:
+    (run,) = list_runs(runs_dir)
+    return run
+
+
+def test_run_tiny_cpu_headless_five_steps(tiny_model_path: Path, tmp_path: Path) -> None:
+    done = subprocess.run(
+        [*grpo_tui_argv(), "run", "tiny-cpu", "--headless", "--set", "grpo.max_steps=5"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr
+    run = the_run(tmp_path / "runs")
+    assert run.read_status()["status"] == "finished"
+    steps = step_records(read_records(run.metrics))
+    assert [r["step"] for r in steps] == [1, 2, 3, 4, 5]
+    for record in steps:
+        assert record["v"] == SCHEMA_VERSION and isinstance(record["time"], float)
+        assert 0.0 <= record["reward"] <= 1.0 and isinstance(record["loss"], float)
+        assert record["loss_impl"] == "naive" and record["memory"]["rss_mib"] > 0
+    lines = done.stdout.splitlines()
+    assert sum(line.startswith("[") and "/5 reward" in line for line in lines) == 5
+    assert lines[-1].startswith("[####################] 5/5 steps, finished")
+    for name in ("config.toml", "accelerate.yaml", "command.json", "stdout.log", "metrics.jsonl", "run.json"):
+        assert (run.path / name).is_file(), name
+
+
+def test_ctrl_c_stops_a_real_run_with_metrics_intact(tiny_model_path: Path, tmp_path: Path) -> None:
+    proc = subprocess.Popen(
+        [*grpo_tui_argv(), "run", "tiny-cpu", "--headless", "--set", "grpo.max_steps=100000"],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:
+            runs = list_runs(tmp_path / "runs")
+            if runs and len(step_records(read_records(runs[0].metrics))) >= 3:
+                break
+            assert proc.poll() is None, proc.communicate()[1][-3000:]
+            time.sleep(0.2)
+        else:
+            raise AssertionError("no three steps logged")
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err[-3000:]
+    assert "stopping at the next step boundary" in out and "Traceback" not in err
+    run = the_run(tmp_path / "runs")
+    status = run.read_status()
+    assert status["status"] == "stopped" and status["exit_code"] == 0
+    records = read_records(run.metrics)
+    steps = [r["step"] for r in step_records(records)]
+    assert len(steps) >= 3 and steps == list(range(1, len(steps) + 1))
+    # Every line of the file is a complete record: nothing torn by the stop.
+    assert len(run.metrics.read_text().splitlines()) == len(records)
+    with pytest.raises(ProcessLookupError):
+        os.killpg(status["pgid"], 0)
