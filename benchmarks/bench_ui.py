@@ -5,8 +5,9 @@
     python benchmarks/bench_ui.py --out results/ui-gpu.json --steps 100000 --live-seconds 10
 
 1. load: `load_run` of a generated 100,000-step run (target < 1 s), split into JSON decoding and
-   the model's column building, plus the first dashboard view (`DashboardFeed.poll`) when the UI
-   is installed. Wall and CPU seconds: on a shared machine wall time includes waiting for a core.
+   the model's column building; `load_recent` (every event + the newest ~1 MB of steps, for a
+   first view while the history loads); the first dashboard view (`DashboardFeed.poll`) when the
+   UI is installed. Wall and CPU seconds: on a shared machine wall time includes waiting for a core.
 2. nvml: `Monitor.sample()` cost per GPU (target < 1 ms); without NVML, the cost of the host-only path.
 3. live: the app headless on a run that a separate process (`python -m grpo_tui.demo live`) extends
    at --live-hz, for --live-seconds: dashboard updates per second, chart redraws per second and the
@@ -35,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 from grpo_tui import metrics  # noqa: E402
 from grpo_tui.demo import make_run  # noqa: E402
 from grpo_tui.monitor import Monitor  # noqa: E402
-from grpo_tui.runstate import RunState, load_run  # noqa: E402
+from grpo_tui.runstate import RunState, load_recent, load_run  # noqa: E402
 
 
 def _timed(fn: Any, repeats: int) -> tuple[dict[str, float], Any]:
@@ -64,10 +65,12 @@ def bench_load(steps: int, repeats: int, work: Path) -> dict[str, Any]:
 
     apply_t, _ = _timed(build, repeats)
     load, state = _timed(lambda: load_run(run.path), repeats)
+    recent, quick = _timed(lambda: load_recent(run.path), repeats)
     out: dict[str, Any] = {
         "steps": len(state), "file_mb": round(len(data) / 1e6, 1),
         "decoder": getattr(metrics._DECODERS[0], "__module__", "?"),
         "load_run": load, "json_decode_only": parse, "columns_only": apply_t,
+        "load_recent (first look: all events + newest steps)": {**recent, "steps_loaded": len(quick)},
         "target": "load_run < 1 s",
     }
     out["first_view"] = _first_view(run.path, repeats)

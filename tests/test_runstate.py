@@ -23,6 +23,7 @@ from grpo_tui.runstate import (
     RunState,
     downsample,
     downsample_indices,
+    load_recent,
     load_run,
     phase_series,
     run_info,
@@ -171,6 +172,26 @@ def test_truncated_last_line_is_held_back_then_read(tmp_path: Path) -> None:
         handle.write("\n")
     state.apply(state.tail.read_new())
     assert state.last_step == 12 and len(state) == 12
+
+
+def test_load_recent_has_every_event_but_only_the_newest_steps(tmp_path: Path) -> None:
+    run = make_run(tmp_path / "r", steps=400, switch_step=100, n_gpus=2, finished=False, completions=False)
+    full = load_run(run.path)
+    quick = load_recent(run.path, recent_bytes=20_000)
+    assert quick.partial and not full.partial
+    assert 0 < len(quick) < 100 and quick.last_step == 400
+    n = len(quick)
+    assert quick.series("reward") == (full.series("reward")[0][-n:], full.series("reward")[1][-n:])
+    assert quick.switch_steps == [100] and quick.pid_gpu == full.pid_gpu and quick.max_steps == 400
+    assert quick.progress().elapsed_s == full.progress().elapsed_s  # the start event was found
+    assert quick.tail.offset == full.tail.offset
+    with open(run.path / "metrics.jsonl", "a") as handle:
+        handle.write(json.dumps(step_record(401, random.Random(2))) + "\n")
+    quick.apply(quick.tail.read_new())
+    assert quick.last_step == 401
+    small = load_recent(run.path, recent_bytes=10**9)  # the window covers the file: a complete state
+    assert not small.partial and len(small) == 401
+    assert len(load_recent(tmp_path / "none")) == 0
 
 
 def test_load_run_of_an_empty_folder(tmp_path: Path) -> None:
