@@ -192,6 +192,7 @@ def supervise(run_dir: Path, echo: TextIO | None = None, interactive: bool = Fal
         printer = ProgressPrinter(load_run_preset(run).grpo.max_steps, echo)
     supervisor = Supervisor(run, printer.feed if printer else None)
     interrupts = 0
+    killers: list[threading.Thread] = []
 
     def on_interrupt(signum: int, frame: object) -> None:
         nonlocal interrupts
@@ -204,7 +205,8 @@ def supervise(run_dir: Path, echo: TextIO | None = None, interactive: bool = Fal
         if echo is not None:
             print("killing the run's process group", file=echo, flush=True)
         # Off the signal handler: kill() sleeps through the grace period.
-        threading.Thread(target=supervisor.kill, daemon=True).start()
+        killers.append(threading.Thread(target=supervisor.kill, daemon=True))
+        killers[-1].start()
 
     previous = _install_handlers(on_interrupt)
     try:
@@ -216,6 +218,9 @@ def supervise(run_dir: Path, echo: TextIO | None = None, interactive: bool = Fal
             print(f"run {status}: cannot start the trainer: {exc}", file=sys.stderr, flush=True)
             return 1
         code = supervisor.wait()
+        # The launcher may exit before its ranks: let the kill reach its final SIGKILL.
+        for killer in killers:
+            killer.join(KILL_GRACE_S + 1.0)
     finally:
         _restore_handlers(previous)
     if printer is not None and echo is not None:
