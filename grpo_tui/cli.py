@@ -326,7 +326,7 @@ def _last_step(metrics: Path, tail_bytes: int = 16384) -> int | None:
 
 def _cmd_control(args: argparse.Namespace) -> int:
     from grpo_tui.rundir import RunDir
-    from grpo_tui.runner import stop_run
+    from grpo_tui.runner import ACTIVE_STATES, effective_status, stop_run
 
     run = RunDir(args.run_dir.resolve())
     if not run.path.is_dir() or not (run.status.exists() or run.metrics.exists()):
@@ -335,6 +335,11 @@ def _cmd_control(args: argparse.Namespace) -> int:
     if args.force and not args.stop:
         print("--force goes with --stop", file=sys.stderr)
         return EXIT_USAGE
+    # Without run.json (a trainer started by hand) the state is unknown: the request is written.
+    state = effective_status(run).get("status") if run.status.exists() else None
+    if state is not None and state not in ACTIVE_STATES:
+        print(f"{args.run_dir}: the run is {state}; nothing reads control requests any more", file=sys.stderr)
+        return 1
     if args.stop:
         print(stop_run(run.path, force=args.force))
         return 0

@@ -87,6 +87,14 @@ def test_control_writes_requests(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert control["loss_impl"] == "naive" and control["stop"] is True and control["request_id"] == 2
 
 
+def test_control_refuses_an_ended_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run = RunDir.create(tmp_path / "runs", "x")
+    run.update_status(status="finished")
+    assert cli.main(["control", str(run.path), "--loss-impl", "naive"]) == 1
+    assert capsys.readouterr().err.strip() == f"{run.path}: the run is finished; nothing reads control requests any more"
+    assert not run.control.exists()
+
+
 def test_control_refuses_a_folder_that_is_not_a_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["control", str(tmp_path), "--stop"]) == 2
     assert capsys.readouterr().err.strip() == f"{tmp_path}: not a run folder (no run.json or metrics.jsonl)"
