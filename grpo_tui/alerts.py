@@ -11,8 +11,8 @@ from __future__ import annotations
 import math
 import statistics
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 from grpo_tui.monitor import MonitorSnapshot
 from grpo_tui.runstate import NAN, PEAK_MIB, RunState

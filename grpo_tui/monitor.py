@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Any, Callable, Iterable
+from typing import Any
 
 import psutil
 

@@ -6,45 +6,54 @@ point (never truncated); charts ask `downsample` for a drawable subset that keep
 positioned at the end, so a worker thread can `state.tail.read_new()` and hand the records to the
 UI thread, which calls `state.apply(records)`: the model is only ever mutated on one thread.
 
-`scan_runs` lists run folders for the runs screen quickly: it reads run.json and only the tail of
-metrics.jsonl.
+`scan_runs` (from runlist, re-exported here) lists run folders for the runs screen quickly.
+Column extraction and downsampling live in `series`.
 """
 
 from __future__ import annotations
 
 import math
 import mmap
+import operator
 import os
 import statistics
-import tomllib
 from array import array
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
-import operator
 from itertools import compress
-from operator import itemgetter
-from typing import Any, Iterable, NamedTuple, Sequence
-
-import psutil
+from pathlib import Path
+from typing import Any, NamedTuple
 
 from grpo_tui.metrics import PHASES, MetricsTail, _parse_lines
-from grpo_tui.rundir import list_runs, read_json
+from grpo_tui.runlist import SCAN_TAIL_BYTES, RunInfo, pid_alive, read_config, run_info, scan_runs, stream_status
+from grpo_tui.series import (
+    NAN,
+    as_float,
+    as_int,
+    bucket_pair,
+    downsample,
+    downsample_indices,
+    extract_columns,
+    floats,
+    memory_columns,
+    nan_to,
+    nanmax,
+    nans,
+)
 
-NAN = float("nan")
+# Re-exported: the dashboard imports these from here.
+__all__ = ["NAN", "PEAK_MIB", "TOKENS_PER_S", "Progress", "RunEvent", "RunInfo", "RunState", "SCAN_TAIL_BYTES",
+           "downsample", "downsample_indices", "load_recent", "load_run", "phase_series", "pid_alive", "read_config",
+           "run_info", "scan_runs"]
+
 # Step records' keys that are not metrics (never become series).
 NON_SERIES_KEYS = frozenset({"v", "step", "event", "loss_impl", "memory", "pid", "rank", "local_rank", "device"})
 # Steps over which ETA and recent step time are estimated.
 ETA_WINDOW = 20
-# Bytes read from the end of metrics.jsonl by scan_runs (enough for several step records).
-SCAN_TAIL_BYTES = 64 * 1024
 # Bytes of metrics.jsonl parsed and applied at a time by load_run.
 LOAD_BLOCK_BYTES = 1024 * 1024
 # Bytes from the end of metrics.jsonl that load_recent parses (~1,000 steps of TRL metrics).
 RECENT_BYTES = 1024 * 1024
-# Run states that mean a process should still be alive.
-LIVE_STATES = frozenset({"starting", "running"})
-# Slack (s) between run.json's start time and the process's create time before a pid counts as reused.
-PID_REUSE_SLACK_S = 5.0
 
 # Derived series names (beside TRL's own metric names).
 TOKENS_PER_S = "tokens_per_s"
@@ -128,7 +137,7 @@ class RunState:
 
     def _apply_event(self, record: dict[str, Any]) -> None:
         kind = str(record.get("event"))
-        step, when = _as_int(record.get("step")), _as_float(record.get("time"))
+        step, when = as_int(record.get("step")), as_float(record.get("time"))
         data = {k: v for k, v in record.items() if k not in ("v", "event", "step", "time")}
         self.events.append(RunEvent(kind, step, when, data))
         if when is not None:
@@ -136,8 +145,8 @@ class RunState:
         if kind == "start":
             if self.start_time is None and when is not None:
                 self.start_time = when
-            if self.max_steps is None and _as_int(record.get("max_steps")):
-                self.max_steps = _as_int(record.get("max_steps"))
+            if self.max_steps is None and as_int(record.get("max_steps")):
+                self.max_steps = as_int(record.get("max_steps"))
             self._map_pids(record)
         elif kind == "loss_impl_switch":
             self.phase_peaks_before_switch = dict(self.phase_peaks_since_switch)
@@ -148,26 +157,26 @@ class RunState:
     def _map_pids(self, record: dict[str, Any]) -> None:
         entries = record.get("ranks") if isinstance(record.get("ranks"), list) else [record]
         for entry in entries:
-            if not isinstance(entry, dict) or _as_int(entry.get("pid")) is None:
+            if not isinstance(entry, dict) or as_int(entry.get("pid")) is None:
                 continue
             pid = int(entry["pid"])
             self.pid_gpu[pid] = _gpu_index(entry.get("device"), entry.get("local_rank"))
-            if _as_int(entry.get("rank")) is not None:
+            if as_int(entry.get("rank")) is not None:
                 self.pid_rank[pid] = int(entry["rank"])
 
     def _apply_steps(self, recs: list[dict[str, Any]]) -> None:
         n0, n = len(self.steps), len(recs)
-        self.steps.extend(_floats([r["step"] for r in recs]))
+        self.steps.extend(floats([r["step"] for r in recs]))
         keys = sorted(set().union(*recs) - NON_SERIES_KEYS)
-        columns = _columns(recs, keys)
+        columns = extract_columns(recs, keys)
         for key, values in zip(keys, columns):
             col = self._cols.get(key)
             if col is None:
-                col = self._cols[key] = _nans(n0)
+                col = self._cols[key] = nans(n0)
             col.extend(values)
         for col in self._cols.values():  # series this batch did not carry
             if len(col) < n0 + n:
-                col.extend(_nans(n0 + n - len(col)))
+                col.extend(nans(n0 + n - len(col)))
         self._apply_memory(recs, n0)
         self._derive_tokens_per_s(n0)
         self.step_impls.extend(str(r.get("loss_impl", "")) for r in recs)
@@ -179,30 +188,30 @@ class RunState:
             if not math.isnan(last):
                 self.last_time = last if self.last_time is None else max(self.last_time, last)
             if self.start_time is None and not math.isnan(times[0]):
-                self.start_time = times[0] - _nan_to(self._cols.get("step_time", [NAN])[0], 0.0)
+                self.start_time = times[0] - nan_to(self._cols.get("step_time", [NAN])[0], 0.0)
         self.last_record = recs[-1]
 
     def _apply_memory(self, recs: list[dict[str, Any]], n0: int) -> None:
-        batch = _memory_columns(recs)
+        batch = memory_columns(recs)
         names = (PEAK_MIB, ALLOCATED_MIB, RESERVED_MIB, RSS_MIB, *(phase_series(p) for p in PHASES))
         for name, values in zip(names, batch):
-            col = self._cols.setdefault(name, _nans(n0))
+            col = self._cols.setdefault(name, nans(n0))
             del col[n0:]  # drop the NaN backfill _apply_steps gave every known column
             col.extend(values)
         for phase, values in zip(PHASES, batch[4:]):
-            top = _nanmax(values)
+            top = nanmax(values)
             if top is not None:
                 for peaks in (self.phase_peaks, self.phase_peaks_since_switch):
                     if top > peaks.get(phase, -math.inf):
                         peaks[phase] = top
-        top = _nanmax(batch[0])
+        top = nanmax(batch[0])
         if top is not None and (self.run_peak_mib is None or top > self.run_peak_mib):
             self.run_peak_mib = top
 
     def _derive_tokens_per_s(self, n0: int) -> None:
         # TRL logs num_tokens cumulatively: throughput is its delta over the step time (or the
         # wall-clock delta between records when step_time is missing).
-        out = self._cols.setdefault(TOKENS_PER_S, _nans(n0))
+        out = self._cols.setdefault(TOKENS_PER_S, nans(n0))
         del out[n0:]  # drop the NaN backfill _apply_steps gave every known column
         tokens, step_time, times = (self._cols.get(k) for k in ("num_tokens", "step_time", "time"))
         for i in range(len(out), len(self.steps)):
@@ -270,9 +279,9 @@ class RunState:
             cache = self._ds_cache[(name, max_points)] = (width, [], [0])
         _, pairs, done = cache
         while (done[0] + 1) * width <= n:  # complete buckets not yet summarised
-            pairs.append(_bucket_pair(col, done[0] * width, (done[0] + 1) * width))
+            pairs.append(bucket_pair(col, done[0] * width, (done[0] + 1) * width))
             done[0] += 1
-        idx = [i for pair in pairs for i in pair] + _bucket_pair(col, done[0] * width, n)
+        idx = [i for pair in pairs for i in pair] + bucket_pair(col, done[0] * width, n)
         last = next((i for i in range(n - 1, -1, -1) if not math.isnan(col[i])), None)
         if last is None:
             return []
@@ -310,7 +319,7 @@ class RunState:
     @property
     def status(self) -> str:
         """From the stream alone: finished, failed (error / oom), stopped (stop then finish) or running."""
-        return _stream_status(self.events_of("error", "oom", "finish", "stop_requested"))
+        return stream_status([(e.kind, e.data) for e in self.events])
 
     def median_step_time(self, last: int | None = None) -> float | None:
         """Median of `step_time` (or of time deltas between steps) over the last `last` steps (all if None)."""
@@ -337,65 +346,10 @@ class RunState:
         return Progress(step, self.max_steps, elapsed, eta)
 
 
-def downsample_indices(ys: Sequence[float], max_points: int) -> list[int]:
-    """Indices of at most `max_points` non-NaN points of `ys` that keep its shape.
-
-    The points between the first and last are cut into buckets and each bucket keeps its minimum and
-    maximum (in order), so spikes survive; the first and last non-NaN points are always kept, so the
-    newest value never vanishes. Slicing, min and max run in C: ~1 ms for 100,000 points.
-    """
-    n = len(ys)
-    if n <= max_points or max_points < 4:
-        return [i for i in range(n) if not math.isnan(ys[i])]
-    first = next((i for i in range(n) if not math.isnan(ys[i])), None)
-    if first is None:
-        return []
-    last = next(i for i in range(n - 1, -1, -1) if not math.isnan(ys[i]))
-    buckets = (max_points - 2) // 2
-    size = (last - first - 1) / buckets
-    out = [first]
-    for b in range(buckets):
-        lo, hi = first + 1 + int(b * size), first + 1 + int((b + 1) * size)
-        out.extend(_bucket_pair(ys, lo, hi))
-    if last != first:
-        out.append(last)
-    return out
-
-
-def _bucket_pair(ys: Sequence[float], lo: int, hi: int) -> list[int]:
-    """Indices of the min and max of ys[lo:hi] in order (one if they coincide; none if all NaN)."""
-    if hi <= lo:
-        return []
-    seg = ys[lo:hi]
-    if math.isnan(sum(seg)):  # NaN (or +inf and -inf) in the bucket: judge its numbers only
-        pts = [(v, i) for i, v in enumerate(seg) if not math.isnan(v)]
-        if not pts:
-            return []
-        i_min, i_max = lo + min(pts)[1], lo + max(pts)[1]
-    else:  # C speed
-        i_min, i_max = lo + seg.index(min(seg)), lo + seg.index(max(seg))
-    return sorted({i_min, i_max})
-
-
-def downsample(xs: Sequence[float], ys: Sequence[float], max_points: int) -> tuple[list[float], list[float]]:
-    """(xs, ys) reduced to at most `max_points` points keeping the shape (see `downsample_indices`)."""
-    idx = downsample_indices(ys, max_points)
-    return [xs[i] for i in idx], [ys[i] for i in idx]
-
-
-def read_config(run_dir: Path) -> dict[str, Any]:
-    """The run's resolved config.toml as a dict ({} when missing or unreadable)."""
-    try:
-        with open(Path(run_dir) / "config.toml", "rb") as handle:
-            return tomllib.load(handle)
-    except (OSError, tomllib.TOMLDecodeError):
-        return {}
-
-
 def _new_state(root: Path) -> RunState:
     config = read_config(root)
     grpo, loss = config.get("grpo", {}), config.get("loss", {})
-    state = RunState(max_steps=_as_int(grpo.get("max_steps")), preset=str(config.get("name", "")),
+    state = RunState(max_steps=as_int(grpo.get("max_steps")), preset=str(config.get("name", "")),
                      loss_impl=str(loss.get("impl", "")))
     state.run_dir = root
     return state
@@ -462,203 +416,6 @@ def load_recent(run_dir: str | os.PathLike[str], recent_bytes: int = RECENT_BYTE
     return state
 
 
-# ---- listing runs ------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class RunInfo:
-    """One row of the runs list."""
-
-    path: Path
-    name: str
-    status: str  # running | finished | failed | stopped | lost (run.json says running, process gone)
-    preset: str
-    started: float | None
-    steps: int
-    last_reward: float | None
-    loss_impl: str
-    pid: int | None
-
-
-def pid_alive(pid: Any, identity: float | None = None, started: float | None = None) -> bool:
-    """True when `pid` runs (not a zombie) and is the process meant, not a later one reusing the id.
-
-    Args:
-        pid: The process id.
-        identity: Its recorded create time (run.json's `pid_started`): must match within 1 s.
-        started: Else, a time it was known to run (run.json's `started`): it must have been created by then.
-    """
-    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0 or not psutil.pid_exists(pid):
-        return False
-    try:
-        proc = psutil.Process(pid)
-        if proc.status() == psutil.STATUS_ZOMBIE:
-            return False
-        created = proc.create_time()
-    except (psutil.Error, OSError):
-        return False
-    if identity is not None:
-        return abs(created - identity) < 1.0
-    return started is None or created <= started + PID_REUSE_SLACK_S
-
-
-def _tail_records(path: Path, nbytes: int = SCAN_TAIL_BYTES) -> list[dict[str, Any]]:
-    try:
-        with open(path, "rb") as handle:
-            size = handle.seek(0, os.SEEK_END)
-            handle.seek(max(0, size - nbytes))
-            data = handle.read()
-    except OSError:
-        return []
-    lines = data.split(b"\n")
-    if size > nbytes:
-        lines = lines[1:]  # the first line is cut by the seek
-    lines = lines[:-1]  # an unterminated last line (or b"" after the final newline)
-    return list(_parse_lines(lines))
-
-
-def run_info(run_path: Path) -> RunInfo:
-    """Status, preset, start time, steps so far and last reward of one run folder.
-
-    run.json (written by the runner) gives the state; a state that says the run is active whose
-    processes (the supervisor `pid`, the trainer `child_pid`) are gone is judged from the stream's
-    last events (finished / stopped / failed), else "lost" (crashed or killed without a last record).
-    """
-    meta = read_json(run_path / "run.json") or {}
-    tail = _tail_records(run_path / "metrics.jsonl")
-    steps = [r for r in tail if "event" not in r and "step" in r]
-    last = steps[-1] if steps else {}
-    started = _as_float(meta.get("started"))
-    pid = _as_int(meta.get("pid"))
-    state = str(meta.get("status") or meta.get("state") or "")
-    if state in LIVE_STATES or not state:
-        alive = (pid_alive(meta.get("pid"), _as_float(meta.get("pid_started")), started)
-                 or pid_alive(meta.get("child_pid"), _as_float(meta.get("child_started")), started))
-        events = [RunEvent(str(r["event"]), _as_int(r.get("step")), _as_float(r.get("time")), r)
-                  for r in tail if "event" in r]
-        status = "running" if alive else _stream_status(events)
-        if status == "running" and not alive:
-            status = "lost"
-    else:
-        status = state
-    preset = str(meta.get("preset") or "") or read_config(run_path).get("name", "")
-    if started is None:
-        starts = [r for r in tail if r.get("event") == "start"]
-        started = _as_float(starts[0].get("time")) if starts else _as_float(meta.get("created"))
-    return RunInfo(path=run_path, name=run_path.name, status=status, preset=str(preset), started=started,
-                   steps=_as_int(last.get("step")) or 0, last_reward=_as_float(last.get("reward")),
-                   loss_impl=str(last.get("loss_impl", "")), pid=pid)
-
-
-def _stream_status(events: list[RunEvent]) -> str:
-    """failed (error / oom), stopped (finish after a stop request), finished, or running (no end yet)."""
-    kinds = {e.kind for e in events}
-    if kinds & {"error", "oom"}:
-        return "failed"
-    finish = [e for e in events if e.kind == "finish"]
-    if finish:
-        return "stopped" if "stop_requested" in kinds or finish[-1].data.get("stopped") is True else "finished"
-    return "running"
-
-
-def scan_runs(runs_dir: str | os.PathLike[str]) -> list[RunInfo]:
-    """Every run folder under `runs_dir`, newest first."""
-    return [run_info(run.path) for run in list_runs(Path(runs_dir))]
-
-
-# ---- column extraction (the hot path of opening a long run) ----------------------------------------
-def _nans(n: int) -> array:
-    return array("d", [NAN]) * n
-
-
-def _floats(values: list[Any]) -> array:
-    """Values as doubles; anything that is not a number becomes NaN."""
-    try:
-        return array("d", values)  # C speed when every value is a number (the usual case)
-    except TypeError:
-        return array("d", [_num(v) for v in values])
-
-
-def _columns(recs: list[dict[str, Any]], keys: list[str]) -> list[array]:
-    """One array per key over the records (NaN where a record lacks the key or it is not a number)."""
-    if len(keys) > 1:
-        try:
-            # records from one writer carry the same keys: one C-level getter per record, then transpose
-            rows = list(map(itemgetter(*keys), recs))
-        except KeyError:
-            pass
-        else:
-            return [_floats(list(col)) for col in zip(*rows)]
-    return [_floats([r.get(key, NAN) for r in recs]) for key in keys]
-
-
-_PEAK, _ALLOC, _RESERVED = itemgetter("peak_mib"), itemgetter("allocated_mib"), itemgetter("reserved_mib")
-_PHASES = itemgetter(*PHASES)
-
-
-def _memory_columns(recs: list[dict[str, Any]]) -> list[array]:
-    """[peak, allocated, reserved, rss, *phases] per record; peak is the max over GPUs (RSS on CPU)."""
-    try:
-        mems = [r["memory"] for r in recs]
-        gpus = [m["gpus"] for m in mems]
-        rss = array("d", [m["rss_mib"] for m in mems])
-        phases = [array("d", col) for col in zip(*map(_PHASES, [m["phases"] for m in mems]))]
-        if len(phases) != len(PHASES):
-            raise KeyError("phases")
-        peak = array("d", [max(map(_PEAK, g)) if g else r for g, r in zip(gpus, rss)])
-        alloc = array("d", [max(map(_ALLOC, g)) if g else NAN for g in gpus])
-        reserved = array("d", [max(map(_RESERVED, g)) if g else NAN for g in gpus])
-        return [peak, alloc, reserved, rss, *phases]
-    except (KeyError, TypeError, IndexError, ValueError):
-        return _memory_columns_slow(recs)
-
-
-def _memory_columns_slow(recs: list[dict[str, Any]]) -> list[array]:
-    out = [array("d") for _ in range(4 + len(PHASES))]
-    for r in recs:
-        mem = r.get("memory") if isinstance(r.get("memory"), dict) else {}
-        gpus = [g for g in mem.get("gpus") or () if isinstance(g, dict)]
-        rss = _num(mem.get("rss_mib"))
-        phases = mem.get("phases") if isinstance(mem.get("phases"), dict) else {}
-        values = [_nanmax([_num(g.get("peak_mib")) for g in gpus]) if gpus else rss,
-                  _nanmax([_num(g.get("allocated_mib")) for g in gpus]),
-                  _nanmax([_num(g.get("reserved_mib")) for g in gpus]),
-                  rss, *(_num(phases.get(p)) for p in PHASES)]
-        for col, value in zip(out, values):
-            col.append(NAN if value is None else value)
-    return out
-
-
-def _nanmax(values: Sequence[float]) -> float | None:
-    """The largest non-NaN value, or None."""
-    try:
-        top = max(values)  # C speed; NaN-free input is the usual case
-    except ValueError:
-        return None
-    if math.isnan(top) or any(map(math.isnan, values)):
-        return max((v for v in values if not math.isnan(v)), default=None)
-    return top
-
-
-# ---- small conversions ---------------------------------------------------------------------------
-def _num(value: Any) -> float:
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    if isinstance(value, bool):
-        return float(value)
-    return NAN
-
-
-def _nan_to(value: float, default: float) -> float:
-    return default if math.isnan(value) else value
-
-
-def _as_int(value: Any) -> int | None:
-    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) else None
-
-
-def _as_float(value: Any) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-
 def _gpu_index(device: Any, local_rank: Any) -> int | None:
     """GPU index from a start record's device ("cuda:1", "cuda", 1) or local_rank; None on CPU."""
     if isinstance(device, int) and not isinstance(device, bool):
@@ -666,6 +423,6 @@ def _gpu_index(device: Any, local_rank: Any) -> int | None:
     if isinstance(device, str):
         if device.startswith("cuda"):
             _, _, idx = device.partition(":")
-            return int(idx) if idx.isdigit() else _as_int(local_rank) or 0
+            return int(idx) if idx.isdigit() else as_int(local_rank) or 0
         return None
-    return _as_int(local_rank)
+    return as_int(local_rank)
