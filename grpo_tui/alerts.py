@@ -199,10 +199,14 @@ def detect_alerts(state: RunState, snapshot: MonitorSnapshot | None = None, *, w
         snapshot: The latest monitor sample (GPU utilisation for the stall check); None on no data.
         window: Steps scanned back from the newest.
         now: Wall-clock time for the stall check (default: the snapshot's time, else time.time()).
+
+    A partial state (`load_recent`) gets only the stall and failure checks: the series checks wait
+    for the full history, so an episode's onset (its identity in AlertLog) never changes under it.
     """
-    alerts = (_no_signal(state, window) + _kl_spikes(state, window) + _clipped(state, window)
-              + _entropy_collapse(state, window) + _memory_creep(state, window) + _stall(state, snapshot, now)
-              + _failed(state))
+    alerts = _stall(state, snapshot, now) + _failed(state)
+    if not state.partial:
+        alerts += (_no_signal(state, window) + _kl_spikes(state, window) + _clipped(state, window)
+                   + _entropy_collapse(state, window) + _memory_creep(state, window))
     return sorted(alerts, key=lambda a: (a.step, ALERT_KINDS.index(a.kind)))
 
 

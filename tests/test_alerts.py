@@ -9,7 +9,7 @@ from grpo_tui import alerts as A
 from grpo_tui.alerts import AlertLog, detect_alerts
 from grpo_tui.demo import make_run
 from grpo_tui.monitor import GpuSnapshot, HostSnapshot, MonitorSnapshot
-from grpo_tui.runstate import RunState, load_run
+from grpo_tui.runstate import RunState, load_recent, load_run
 
 HEALTHY = {"frac_reward_zero_std": 0.1, "kl": 0.002, "entropy": 1.0, "completions/clipped_ratio": 0.05}
 
@@ -136,3 +136,16 @@ def test_window_bounds_the_scan() -> None:
     state = _state(2000, {100: {"kl": 0.9}})
     assert _kinds(state, now=3001.0, window=None) == [A.KL_SPIKE]
     assert _kinds(state, now=3001.0, window=500) == []
+
+
+def test_partial_state_waits_for_the_history(tmp_path: Path) -> None:
+    run = make_run(tmp_path / "r", steps=300, finished=False, completions=False)
+    with open(run.path / "metrics.jsonl", "a") as handle:  # no signal at the very end
+        for s in range(301, 311):
+            handle.write(f'{{"step": {s}, "time": {2e9 + s}, "frac_reward_zero_std": 1.0}}\n')
+        handle.write('{"event": "oom", "step": 311, "phase": "generation"}\n')
+    quick = load_recent(run.path, recent_bytes=5000)
+    assert quick.partial
+    assert [a.kind for a in detect_alerts(quick, now=2e9 + 311)] == [A.RUN_FAILED]
+    full = load_run(run.path)
+    assert [a.kind for a in detect_alerts(full, now=2e9 + 311)] == [A.NO_SIGNAL, A.RUN_FAILED]

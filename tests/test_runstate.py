@@ -194,6 +194,17 @@ def test_load_recent_has_every_event_but_only_the_newest_steps(tmp_path: Path) -
     assert len(load_recent(tmp_path / "none")) == 0
 
 
+def test_torn_line_mid_file_and_nan_values_lose_nothing_else(tmp_path: Path) -> None:
+    # a crash left half a record, then a resumed writer went on; json.dumps writes NaN for a nan metric
+    lines = [json.dumps(_step(s, reward=0.1 * s, kl=float("nan") if s == 3 else 0.01)) for s in range(1, 3001)]
+    lines[1500] = lines[1500][:40]
+    (tmp_path / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    state = load_run(tmp_path)
+    assert len(state) == 2999 and 1501 not in state.steps
+    assert state.series("kl")[0][:3] == [1, 2, 4]
+    assert state.series("reward")[1][-1] == pytest.approx(300.0)
+
+
 def test_load_run_of_an_empty_folder(tmp_path: Path) -> None:
     state = load_run(tmp_path)
     assert len(state) == 0 and state.progress().step == 0 and state.max_steps is None
