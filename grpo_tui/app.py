@@ -45,7 +45,7 @@ class GrpoTuiApp(App[int]):
     ]
 
     def __init__(self, runs_dir: Path | None = None, *, monitor: Any = None, clock: Callable[[], float] = time.time,
-                 launcher: Launcher | None = None, poll_interval: float = 0.5, auto_attach: bool = True,
+                 launcher: Launcher | None = None, poll_interval: float = 0.4, auto_attach: bool = True,
                  select_preset: str | None = None, open_run: Path | None = None) -> None:
         super().__init__()
         self.runs_dir_given = runs_dir is not None

@@ -65,7 +65,7 @@ class DashboardScreen(Screen[None]):
 
         reason: str
 
-    def __init__(self, run_path: Path, poll_interval: float = 0.5) -> None:
+    def __init__(self, run_path: Path, poll_interval: float = 0.4) -> None:
         super().__init__()
         self.run_path = Path(run_path)
         self.poll_interval = poll_interval
@@ -168,6 +168,7 @@ class DashboardScreen(Screen[None]):
             (f"● {view.status}", STATE_STYLES.get(view.status, "bold")),
             ("   stop requested" if view.stop_requested and view.status in LIVE else "", "yellow"),
             (f"   ⚠ {alerts} alert kind(s)" if alerts else "   ✓ no alerts", "yellow" if alerts else "green"),
+            ("   loading the full history…" if view.partial else "", "dim"),
         )
         self.query_one("#run-title", Static).update(title)
 

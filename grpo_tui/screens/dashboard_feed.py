@@ -20,7 +20,7 @@ from grpo_tui.alerts import Alert, AlertLog, detect_alerts
 from grpo_tui.completions import CompletionIndex, PromptGroup
 from grpo_tui.metrics import PHASES
 from grpo_tui.rundir import RunDir, read_json
-from grpo_tui.runstate import RunState, load_run, phase_series, run_info
+from grpo_tui.runstate import RunState, load_recent, load_run, phase_series, run_info
 from grpo_tui.widgets.progress_panel import ProgressInfo
 
 # Points per drawn series: about two per cell of a wide chart, so nothing visible is lost.
@@ -76,6 +76,7 @@ class DashboardView:
     completion_steps: tuple[int, ...]
     stop_requested: bool
     generation: int = 0  # bumps when the charts changed (the UI skips redrawing otherwise)
+    partial: bool = False  # only the newest steps are loaded so far (a long run's first view)
 
 
 @dataclass
@@ -90,7 +91,7 @@ class DashboardFeed:
     _log_offset: int = 0
     _log_partial: bytes = b""
     _charts: ChartData | None = None
-    _chart_steps: int = -1
+    _chart_key: tuple[int, int] = (-1, -1)
     _generation: int = 0
     _history: dict[int, deque[float | None]] = field(default_factory=dict)
     _status: str = "running"
@@ -105,8 +106,9 @@ class DashboardFeed:
         self._baseline = str(config.get("loss", {}).get("baseline", "naive"))
 
     def open(self) -> None:
-        """The initial full read (may take a moment for a long run: call it from the worker)."""
-        self.state = load_run(self.run.path)
+        """The first read: every event but only the newest steps, so a 100,000-step run shows at
+        once; the next `poll` reads the whole history (call both from the worker)."""
+        self.state = load_recent(self.run.path)
         self._completions = _completion_index(self.run.path)
         try:
             size = self.run.stdout.stat().st_size
@@ -118,6 +120,9 @@ class DashboardFeed:
     def poll(self) -> DashboardView:
         if self.state is None:
             self.open()
+        elif getattr(self.state, "partial", False):
+            self.state = load_run(self.run.path)  # the whole history; its tail goes on from the end
+            self._chart_key = (-1, -1)
         state = self.state
         assert state is not None and state.tail is not None
         state.apply(state.tail.read_new())
@@ -132,9 +137,10 @@ class DashboardFeed:
         snapshot = self.monitor.sample(pids) if self.monitor is not None else None
         self._remember(snapshot)
         self._alert_log.update(detect_alerts(state, snapshot, now=now))
-        if len(state) != self._chart_steps:
+        key = (len(state), len(state.events))  # new steps, or a switch marker to draw
+        if key != self._chart_key:
             self._charts = build_charts(state)
-            self._chart_steps = len(state)
+            self._chart_key = key
             self._generation += 1
         return self._view(state, snapshot, now)
 
@@ -146,7 +152,8 @@ class DashboardFeed:
                             eta_s=progress.eta_s, steps_per_s=(1.0 / median) if median else None,
                             state=self._status, loss_impl=state.loss_impl or None)
         control = read_json(self.run.control) or {}
-        pending = control.get("loss_impl") if control.get("loss_impl") != state.loss_impl else None
+        live = self._status in ("running", "starting")
+        pending = control.get("loss_impl") if live and control.get("loss_impl") != state.loss_impl else None
         switches = state.switch_steps
         label = None
         if switches:
@@ -162,6 +169,7 @@ class DashboardFeed:
             alerts=tuple(self._alert_log.alerts), active_alerts=tuple(self._alert_log.active(state)),
             completion_steps=tuple(self._completions.steps) if self._completions is not None else (),
             stop_requested=bool(control.get("stop")), generation=self._generation,
+            partial=bool(getattr(state, "partial", False)),
         )
 
     def _remember(self, snapshot: Any) -> None:

@@ -90,8 +90,8 @@ class PresetScreen(Screen[None]):
                 box.border_title = "Preset"
                 with VerticalScroll(id="preset-detail-scroll"):
                     yield Static(id="preset-description")
-                    yield Static(id="preset-fields")
                     yield Static(id="preset-checks")
+                    yield Static(id="preset-fields")
                 with Vertical(id="preset-command-box") as cmd:
                     cmd.border_title = "Command that will run"
                     yield Static(id="preset-command")

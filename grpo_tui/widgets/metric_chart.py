@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from rich.text import Text
+from textual.app import RenderResult
 from textual_plotext import PlotextPlot
 
 # Colours as RGB so they read the same on every terminal theme.
 LINE = (95, 175, 255)
 SWITCH = (255, 175, 0)
-EMPTY_HINT = "waiting for the first logged step…"
+EMPTY_HINT = "no data yet"
 
 
 class MetricChart(PlotextPlot):
@@ -29,6 +31,11 @@ class MetricChart(PlotextPlot):
         super().on_mount()
         self._draw([], [], ())
 
+    def render(self) -> RenderResult:
+        if not self.xs:  # plotext would draw empty axes; say plainly that nothing is logged yet
+            return Text.assemble((self.title, "bold"), "\n\n", (EMPTY_HINT, "dim"), justify="center")
+        return super().render()
+
     def show(self, xs: Sequence[float], ys: Sequence[float], switches: Sequence[int] = ()) -> None:
         """Draw `ys` over `xs` (already downsampled by the caller) with a marker at each switch."""
         self.xs, self.ys = list(xs), list(ys)
@@ -42,11 +49,6 @@ class MetricChart(PlotextPlot):
         last = f" {ys[-1]:.4g}" if ys else ""
         plt.title(self.title + last)
         if not xs:
-            plt.text(EMPTY_HINT, 0, 0, alignment="center")
-            plt.xlim(-1, 1)
-            plt.ylim(-1, 1)
-            plt.xticks([])
-            plt.yticks([])
             return
         plt.plot(xs, ys, marker="braille", color=LINE)
         step_ticks(plt, xs, 4 if self.size.width < 50 else 6)

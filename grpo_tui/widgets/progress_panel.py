@@ -45,11 +45,12 @@ class ProgressPanel(Static):
     def show(self, info: ProgressInfo) -> None:
         total = info.max_steps or 0
         frac = info.step / total if total else 0.0
-        width = max(10, self.size.width - 22)
-        line1 = Text.assemble((f"● {info.state}", STATE_STYLES.get(info.state, "bold")), "  step ",
-                              (f"{info.step}", "bold"), f"/{total or '?'}  ", bar(frac, width, "dodger_blue1"), f" {frac:4.0%}")
+        head = Text.assemble((f"● {info.state}", STATE_STYLES.get(info.state, "bold")), "  step ",
+                             (f"{info.step}", "bold"), f"/{total or '?'}  ")
+        width = max(8, self.size.width - head.cell_len - 6)  # one line: head, bar, " 100%"
+        line1 = Text.assemble(head, bar(frac, width, "dodger_blue1"), f" {frac:4.0%}")
         speed = f"{info.steps_per_s:.2f}" if info.steps_per_s else "n/a"
         line2 = Text.assemble(("elapsed ", "dim"), duration(info.elapsed_s), ("   ETA ", "dim"),
                               (duration(info.eta_s) if info.state == "running" else "—", "bold"),
-                              ("   steps/s ", "dim"), speed, ("   loss ", "dim"), (info.loss_impl or "?", "bold magenta"))
+                              ("   steps/s ", "dim"), speed)
         self.update(Group(line1, line2))

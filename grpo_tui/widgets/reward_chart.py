@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from grpo_tui.widgets.metric_chart import EMPTY_HINT, SWITCH, MetricChart, step_ticks
+from grpo_tui.widgets.metric_chart import SWITCH, MetricChart, step_ticks
 
 MEAN = (80, 220, 120)
 BAND = (40, 90, 60)
@@ -32,12 +32,6 @@ class RewardChart(MetricChart):
         plt.clear_data()
         plt.clear_figure()
         if not self.xs:
-            plt.title("reward")
-            plt.text(EMPTY_HINT, 0, 0, alignment="center")
-            plt.xlim(-1, 1)
-            plt.ylim(-1, 1)
-            plt.xticks([])
-            plt.yticks([])
             self.refresh()
             return
         upper = [m + s for m, s in zip(mean, std)]

@@ -58,7 +58,9 @@ class RunsTable(DataTable):
             self.add_row(*self._cells(run), key=str(run.path))
         if self.runs:
             self.move_cursor(row=min(keep, len(self.runs) - 1))
-        self.border_subtitle = f"{len(self.runs)} runs"
+        if self.parent is not None:  # the box around the table says what to do
+            self.parent.border_subtitle = (f"{len(self.runs)} run(s) · Enter opens" if self.runs
+                                           else "no runs yet · s starts the selected preset")
 
     def _cells(self, run: RunInfo) -> list[Text | str]:
         started = time.strftime("%m-%d %H:%M", time.localtime(run.started)) if run.started else "—"

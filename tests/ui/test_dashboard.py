@@ -58,6 +58,8 @@ async def test_long_runs_are_downsampled_for_drawing_not_truncated(app_factory, 
     app = app_factory()
     async with app.run_test(size=SIZE) as pilot:
         screen = await open_dashboard(app, pilot, run)
+        await wait_for(pilot, lambda: not screen.view.partial)  # the first view may hold the newest steps only
+        await pilot.pause(0.1)
         reward = screen.query_one(RewardChart)
         assert len(reward.xs) <= 400
         assert reward.xs[0] == 1 and reward.xs[-1] == 3000

@@ -77,4 +77,9 @@ def test_compare_view(snap_compare, app_factory, recorded_run, second_run) -> No
 
 
 def test_help_screen(snap_compare, app_factory) -> None:
-    assert snap_compare(_factory(app_factory), terminal_size=SIZE, press=["question_mark"])
+    async def run_before(pilot) -> None:  # noqa: ANN001
+        screen = pilot.app.screen
+        await wait_for(pilot, lambda: "checking" not in str(screen.query_one("#preset-checks").content))
+        await pilot.press("question_mark")
+
+    assert snap_compare(_factory(app_factory), terminal_size=SIZE, run_before=run_before)
