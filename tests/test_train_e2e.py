@@ -1,0 +1,85 @@
+"""End to end: the real runner and trainer as subprocesses, SIGINT, and an out-of-memory report."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from test_trainer import make_run
+from tiny_cache import tiny_model_path  # noqa: F401 - session fixture
+
+from grpo_tui import train
+from grpo_tui.metrics import PHASES, read_records, step_records
+
+pytestmark = pytest.mark.slow
+
+
+def _grpo_tui() -> list[str]:
+    return [sys.executable, "-c", "import sys; from grpo_tui.cli import main; sys.exit(main())"]
+
+
+def test_run_tiny_cpu_headless_five_steps(tiny_model_path: Path, tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [*_grpo_tui(), "run", "tiny-cpu", "--headless", "--set", "grpo.max_steps=5"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300, env={**os.environ},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    (run,) = list((tmp_path / "runs").iterdir())
+    records = read_records(run / "metrics.jsonl")
+    steps = step_records(records)
+    assert [r["step"] for r in steps] == [1, 2, 3, 4, 5]
+    for record in steps:
+        assert record["v"] == 1 and isinstance(record["time"], float)
+        assert 0.0 <= record["reward"] <= 1.0 and record["reward_std"] >= 0.0
+        assert isinstance(record["loss"], float) and record["loss_impl"] in ("chunked", "naive", "trl")
+        assert record["memory"]["device"] == "cpu" and set(record["memory"]["phases"]) == set(PHASES)
+        assert "rewards/addition_partial/mean" in record and "grad_norm" in record
+    events = [r["event"] for r in records if "event" in r]
+    assert events[0] == "start" and events[-1] == "finish"
+    start = records[0]
+    assert start["ranks"][0]["pid"] > 0 and start["ranks"][0]["device"] == "cpu"
+
+
+def test_sigint_stops_at_a_step_boundary(tiny_model_path: Path, tmp_path: Path) -> None:
+    run = make_run(tmp_path, "sigint", grpo={"max_steps": 5000}, loss={"impl": "naive"})
+    proc = subprocess.Popen([sys.executable, "-m", "grpo_tui.train", "--run-dir", str(run.path)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while len(step_records(read_records(run.metrics))) < 3:
+            assert proc.poll() is None and time.monotonic() < deadline, "trainer ended before 3 steps"
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, stderr[-2000:]
+    records = read_records(run.metrics)
+    steps = step_records(records)
+    assert 3 <= len(steps) < 5000
+    assert [r["step"] for r in steps] == list(range(1, len(steps) + 1))  # intact, no torn lines
+    stop = [r for r in records if r.get("event") == "stop_requested"]
+    assert len(stop) == 1 and stop[0]["source"] == "sigint" and stop[0]["step"] == steps[-1]["step"]
+    assert records[-1]["event"] == "finish" and records[-1]["stopped"] is True
+
+
+def test_out_of_memory_is_reported_with_its_phase(tiny_model_path: Path, tmp_path: Path, monkeypatch) -> None:
+    # A reward that raises torch.OutOfMemoryError stands in for CUDA running out while scoring
+    (tmp_path / "oom_reward.py").write_text(
+        "import torch\n\ndef boom(completions, **kw):\n    raise torch.OutOfMemoryError('CUDA out of memory. Tried to allocate 2 GiB')\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    run = make_run(tmp_path, "oom", grpo={"max_steps": 3}, loss={"impl": "naive"},
+                   rewards={"functions": [{"name": "oom_reward:boom"}]})  # fmt: skip
+    assert train.main(["--run-dir", str(run.path)]) == train.EXIT_OOM
+    records = read_records(run.metrics)
+    oom = [r for r in records if r.get("event") == "oom"]
+    assert len(oom) == 1
+    assert oom[0]["phase"] == "scoring" and oom[0]["step"] == 0
+    assert oom[0]["memory"]["device"] == "cpu" and oom[0]["memory"]["rss_mib"] > 0
