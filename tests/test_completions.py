@@ -17,7 +17,7 @@ def test_recorded_run_groups_by_prompt(tmp_path: Path) -> None:
     run = make_run(tmp_path / "r", steps=40)
     index = CompletionIndex(run.path / "completions.jsonl")
     assert index.poll()
-    assert index.steps == list(range(1, 41)) and len(index) == 40
+    assert index.steps == tuple(range(1, 41)) and len(index) == 40 and index.complete
     rows = [json.loads(line) for line in (run.path / "completions.jsonl").read_text().splitlines()]
     step7 = [r for r in rows if r["step"] == 7]
     groups = index.groups(7)
@@ -35,16 +35,16 @@ def test_incremental_poll_partial_lines_and_history(tmp_path: Path) -> None:
     index = CompletionIndex(path)
     assert not index.poll()  # no file yet
     path.write_text(_row(1, "2+2=", "4", acc=1.0) + _row(1, "2+2=", "5", acc=0.0))
-    assert index.poll() and index.steps == [1]
+    assert index.poll() and index.steps == (1,)
     partial = _row(2, "3+3=", "6", acc=1.0)
     with open(path, "a") as handle:
         handle.write(partial[:20])  # the trainer is mid-line
-    assert not index.poll() and index.steps == [1]
+    assert not index.poll() and index.steps == (1,)
     assert [c.text for c in index.groups(1)[0].completions] == ["4", "5"]
     with open(path, "a") as handle:
         handle.write(partial[20:] + _row(1, "9+9=", "18", acc=1.0))  # a late line for step 1
     assert index.poll()
-    assert index.steps == [1, 2]  # step 1 is kept, not overwritten
+    assert index.steps == (1, 2)  # step 1 is kept, not overwritten
     assert [g.prompt for g in index.groups(1)] == ["2+2=", "9+9="]  # the cached step 1 was refreshed
     assert index.groups(2)[0].completions[0].rewards == {"acc": 1.0}
 
@@ -61,9 +61,42 @@ def test_malformed_lines_chat_prompts_and_missing_fields(tmp_path: Path) -> None
     )
     index = CompletionIndex(path)
     index.poll()
-    assert index.steps == [3, 4]  # the quoted "step": 99 inside a string is not a step
+    assert index.steps == (3, 4)  # the quoted "step": 99 inside a string is not a step
     (group,) = index.groups(3)
     assert group.prompt == "system: be brief\nuser: 1+1?"
     assert group.completions[0].advantage is None
     (other,) = index.groups(4)
     assert other.completions[0].rewards == {"fmt": 1.0} and other.completions[0].advantage is None
+
+
+def test_large_file_is_indexed_newest_first_within_a_budget(tmp_path: Path) -> None:
+    run = make_run(tmp_path / "r", steps=60)
+    path = run.path / "completions.jsonl"
+    whole = CompletionIndex(path)
+    whole.poll()
+    budgeted = CompletionIndex(path, budget_bytes=3000)  # a few steps' worth per poll
+    budgeted.poll()
+    first = budgeted.steps
+    assert first and first[-1] == 60 and first[0] > 1 and not budgeted.complete  # the newest steps first
+    with open(path, "a") as handle:  # the run goes on while the history is indexed
+        handle.write(_row(61, "1+1=", "2", acc=1.0))
+    polls = 1
+    while not budgeted.complete:
+        budgeted.poll()
+        polls += 1
+    budgeted.poll()
+    assert polls > 3
+    assert budgeted.steps == tuple(range(1, 62))
+    for step in (1, 17, first[0], 60):  # first[0] may have been split across two polls
+        assert budgeted.records(step) == whole.records(step)
+    assert [g.prompt for g in budgeted.groups(61)] == ["1+1="]
+
+
+def test_a_line_longer_than_the_budget(tmp_path: Path) -> None:
+    path = tmp_path / "completions.jsonl"
+    path.write_text(_row(1, "p", "x" * 5000, acc=1.0) + _row(2, "p", "y" * 5000, acc=0.0) + _row(3, "p", "z", acc=0.0))
+    index = CompletionIndex(path, budget_bytes=1000)
+    for _ in range(10):
+        index.poll()
+    assert index.complete and index.steps == (1, 2, 3)
+    assert index.groups(2)[0].completions[0].text == "y" * 5000
