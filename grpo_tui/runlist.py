@@ -7,6 +7,7 @@ last events (finished / stopped / failed), else reported as "lost" (crashed or k
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,10 @@ from grpo_tui.series import as_float, as_int
 
 # Bytes read from the end of metrics.jsonl by run_info (enough for several step records).
 SCAN_TAIL_BYTES = 64 * 1024
+# Bytes read from the start of metrics.jsonl to find the start event.
+HEAD_BYTES = 16 * 1024
+# Seconds a run.json may say "starting" without a pid before the run counts as lost.
+STARTING_GRACE_S = 30.0
 # Run states that mean a process should still be alive.
 LIVE_STATES = frozenset({"starting", "running"})
 # Slack (s) between run.json's start time and the process's create time before a pid counts as reused.
@@ -41,7 +46,7 @@ class RunInfo:
 
     path: Path
     name: str
-    status: str  # running | finished | failed | stopped | lost (run.json says running, process gone)
+    status: str  # starting | running | finished | failed | stopped | lost (said running, process gone)
     preset: str
     started: float | None
     steps: int
@@ -87,6 +92,22 @@ def _tail_records(path: Path, nbytes: int = SCAN_TAIL_BYTES) -> list[dict[str, A
     return list(_parse_lines(lines))
 
 
+def _start_event_alive(path: Path) -> bool:
+    """Whether a rank listed by the stream's start event (its first record) still runs: for runs
+    started without the runner, which have no pids in run.json."""
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(HEAD_BYTES)
+    except OSError:
+        return False
+    for record in _parse_lines(head.split(b"\n")[:-1]):
+        if record.get("event") == "start":
+            ranks = record.get("ranks") if isinstance(record.get("ranks"), list) else [record]
+            when = as_float(record.get("time"))
+            return any(pid_alive(r.get("pid"), None, when) for r in ranks if isinstance(r, dict))
+    return False
+
+
 def run_info(run_path: Path) -> RunInfo:
     """Status, preset, start time, steps so far and last reward of one run folder.
 
@@ -103,11 +124,15 @@ def run_info(run_path: Path) -> RunInfo:
     state = str(meta.get("status") or meta.get("state") or "")
     if state in LIVE_STATES or not state:
         alive = (pid_alive(meta.get("pid"), as_float(meta.get("pid_started")), started)
-                 or pid_alive(meta.get("child_pid"), as_float(meta.get("child_started")), started))
+                 or pid_alive(meta.get("child_pid"), as_float(meta.get("child_started")), started)
+                 or (not isinstance(meta.get("pid"), int) and _start_event_alive(run_path / "metrics.jsonl")))
         events = [(str(r["event"]), r) for r in tail if "event" in r]
         status = "running" if alive else stream_status(events)
+        created = as_float(meta.get("created"))
         if status == "running" and not alive:
-            status = "lost"
+            # the runner writes "starting" before it has a pid: give it a moment before calling it lost
+            young = state == "starting" and created is not None and time.time() - created < STARTING_GRACE_S
+            status = "starting" if young else "lost"
     else:
         status = state
     preset = str(meta.get("preset") or "") or read_config(run_path).get("name", "")

@@ -283,6 +283,25 @@ def test_scan_runs_statuses(tmp_path: Path) -> None:
     assert info.last_reward == read_records(info.path / "metrics.jsonl")[-2]["reward"]
 
 
+def test_runs_without_runner_pids_and_fresh_starting_runs(tmp_path: Path) -> None:
+    me = psutil.Process(os.getpid())
+    run = make_run(tmp_path / "bare", steps=3, finished=False, pid=os.getpid())
+    (run.path / "run.json").unlink()  # started without the runner: only the stream's start event names pids
+    assert run_info(run.path).status == "lost"  # the start event's time (2026-01-01) predates this process
+    metrics = run.path / "metrics.jsonl"
+    lines = metrics.read_text().splitlines(keepends=True)
+    start = json.loads(lines[0])
+    start["time"] = me.create_time() + 1
+    metrics.write_text(json.dumps(start) + "\n" + "".join(lines[1:]))
+    assert run_info(run.path).status == "running"
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    (fresh / "run.json").write_text(json.dumps({"status": "starting", "created": time.time()}))
+    assert run_info(fresh).status == "starting"
+    (fresh / "run.json").write_text(json.dumps({"status": "starting", "created": time.time() - 3600}))
+    assert run_info(fresh).status == "lost"
+
+
 def test_run_info_reads_only_the_tail_of_a_long_file(tmp_path: Path) -> None:
     run = make_run(tmp_path / "long", steps=400, completions=False, truncate_last=True)
     assert (run.path / "metrics.jsonl").stat().st_size > 4 * SCAN_TAIL_BYTES
