@@ -74,6 +74,7 @@ def bench_load(steps: int, repeats: int, work: Path) -> dict[str, Any]:
         "target": "load_run < 1 s",
     }
     out["first_view"] = _first_view(run.path, repeats)
+    out["feed_poll_per_new_step"] = _feed_poll(run.path)
     ds, _ = _timed(lambda: [state.downsampled(n, 400) for n in ("reward", "loss", "kl", "entropy")], 1)
     cached, _ = _timed(lambda: [state.downsampled(n, 400) for n in ("reward", "loss", "kl", "entropy")], repeats)
     out["downsample_4_series_first_ms"] = round(ds["wall_s_median"] * 1e3, 2)
@@ -89,6 +90,34 @@ def _first_view(run_path: Path, repeats: int) -> dict[str, Any] | str:
         return f"n/a ({exc})"
     timing, _ = _timed(lambda: DashboardFeed(run_path, Monitor()).poll(), repeats)
     return timing
+
+
+def _feed_poll(run_path: Path, polls: int = 20) -> dict[str, Any] | str:
+    """The data side of one live update (tail, apply, alerts, downsampled charts) with one new step
+    each time, after the whole history is loaded: the dashboard worker's CPU per update."""
+    try:
+        from grpo_tui.screens.dashboard_feed import DashboardFeed
+    except ImportError as exc:
+        return f"n/a ({exc})"
+    import random
+
+    from grpo_tui.demo import step_record
+
+    feed = DashboardFeed(run_path, Monitor())
+    for _ in range(10):  # first the recent steps, then the whole history
+        if not feed.poll().partial:
+            break
+    rng, step, cpus = random.Random(3), feed.state.last_step, []
+    with open(run_path / "metrics.jsonl", "a") as handle:
+        for _ in range(polls):
+            step += 1
+            handle.write(json.dumps(step_record(step, rng)) + "\n")
+            handle.flush()
+            cpu = time.process_time()
+            feed.poll()
+            cpus.append(time.process_time() - cpu)
+    return {"cpu_ms_median": round(statistics.median(cpus) * 1e3, 3), "cpu_ms_max": round(max(cpus) * 1e3, 3),
+            "polls": polls}
 
 
 def bench_nvml(samples: int) -> dict[str, Any]:
