@@ -15,15 +15,16 @@ from textual.containers import Horizontal, Vertical
 from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import Footer, Header, Static
-from textual_plotext import PlotextPlot
 
 from grpo_tui.compare import ComparisonTable, compare_runs
 from grpo_tui.metrics import PHASES
 from grpo_tui.runstate import PEAK_MIB, downsample, load_run
 from grpo_tui.widgets.bars import mib
+from grpo_tui.widgets.braille import Series
+from grpo_tui.widgets.metric_chart import MetricChart
 from grpo_tui.widgets.runs_table import RunsTable
 
-COLOURS = ((95, 175, 255), (255, 135, 95))
+COLOURS = ("rgb(95,175,255)", "rgb(255,135,95)")
 MAX_POINTS = 400
 
 
@@ -53,8 +54,8 @@ def comparison_table(data: CompareData) -> Table:
     a, b = data.table.rows
     table = Table(expand=True, box=None, header_style="bold", pad_edge=False)
     table.add_column("")
-    table.add_column(Text(f"A  {data.names[0]}", style=f"bold rgb{COLOURS[0]}"), justify="right")
-    table.add_column(Text(f"B  {data.names[1]}", style=f"bold rgb{COLOURS[1]}"), justify="right")
+    table.add_column(Text(f"A  {data.names[0]}", style=f"bold {COLOURS[0]}"), justify="right")
+    table.add_column(Text(f"B  {data.names[1]}", style=f"bold {COLOURS[1]}"), justify="right")
     table.add_column("B − A", justify="right")
 
     def row(label: str, va: float | None, vb: float | None, fmt, lower_is_better: bool = True) -> None:  # type: ignore[no-untyped-def]
@@ -76,22 +77,21 @@ def comparison_table(data: CompareData) -> Table:
     return table
 
 
-class OverlayChart(PlotextPlot):
-    """Two runs' series on one chart."""
+class OverlayChart(MetricChart):
+    """Two runs' series on one chart (A blue, B orange)."""
 
-    def __init__(self, title: str, *, id: str | None = None) -> None:  # noqa: A002
-        super().__init__(id=id)
-        self.title = title
-
-    def show(self, names: tuple[str, str], series: tuple[tuple[list[float], list[float]], ...]) -> None:
-        plt = self.plt
-        plt.clear_data()
-        plt.clear_figure()
-        plt.title(self.title)
-        for label, colour, (xs, ys) in zip(("A", "B"), COLOURS, series):
-            if xs:
-                plt.plot(xs, ys, marker="braille", color=colour, label=label)
+    def show_pair(self, series: tuple[tuple[list[float], list[float]], ...]) -> None:
+        self.pair = series
+        self.xs = [x for xs, _ in series for x in xs]
         self.refresh()
+
+    def chart_title(self) -> Text:
+        return Text.assemble((self.title, "bold"), "   ", ("━ A", f"bold {COLOURS[0]}"), "  ",
+                             ("━ B", f"bold {COLOURS[1]}"))
+
+    def series(self) -> list[Series]:
+        pair = getattr(self, "pair", ())
+        return [Series(xs, ys, colour) for colour, (xs, ys) in zip(COLOURS, pair)]
 
 
 class CompareScreen(Screen[None]):
@@ -120,8 +120,8 @@ class CompareScreen(Screen[None]):
             box.border_title = "Runs · space marks two · Enter compares"
             yield RunsTable(id="compare-runs")
         with Horizontal(id="compare-charts"):
-            yield OverlayChart("reward (A blue, B orange)", id="compare-reward")
-            yield OverlayChart("peak memory MiB (A blue, B orange)", id="compare-memory")
+            yield OverlayChart("reward", id="compare-reward")
+            yield OverlayChart("peak memory MiB per step", id="compare-memory")
         with Vertical(id="compare-table-box", classes="box") as box:
             box.border_title = "Per-phase peak memory, step time, final reward"
             yield Static(Text("mark two runs above (space), then Enter", "dim"), id="compare-table")
@@ -149,8 +149,8 @@ class CompareScreen(Screen[None]):
 
     def on_compare_screen_loaded(self, message: Loaded) -> None:
         data = self.data = message.data
-        self.query_one("#compare-reward", OverlayChart).show(data.names, data.reward)
-        self.query_one("#compare-memory", OverlayChart).show(data.names, data.memory)
+        self.query_one("#compare-reward", OverlayChart).show_pair(data.reward)
+        self.query_one("#compare-memory", OverlayChart).show_pair(data.memory)
         self.query_one("#compare-table", Static).update(comparison_table(data))
         self.query_one("#compare-table-box").border_subtitle = f"A {data.names[0]}  ·  B {data.names[1]}"
 

@@ -214,7 +214,7 @@ def build_charts(state: RunState) -> ChartData:
 
 
 def _pair(series: tuple[list[float], ...]) -> tuple[list[float], list[float]]:
-    # Steps where the metric is missing are left out (plotext cannot draw NaN).
+    # Steps where the metric is missing are left out (a gap, not a zero).
     pairs = [(x, y) for x, y in zip(series[0], series[1]) if not math.isnan(y)]
     return [p[0] for p in pairs], [p[1] for p in pairs]
 
