@@ -1,9 +1,10 @@
 """GRPO-aware alerts computed from a RunState (and, for a stall, a MonitorSnapshot).
 
-`detect_alerts` is a pure function: it returns the alert episodes found in the recent window, each
+`detect_alerts` returns the alert episodes of the recent window (and any still under way), each
 stamped with the step at which its condition first held (its onset). While a condition persists
 the onset, and so the Alert, stays the same: `AlertLog.update` keeps alerts by (kind, step), so a
-condition is raised once per episode, not once per step.
+condition is raised once per episode, not once per step. The series checks are incremental: each
+RunState's points are judged once, so a call on a live 100,000-step run costs its new steps.
 """
 
 from __future__ import annotations
@@ -11,11 +12,13 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from collections.abc import Callable, Sequence
+import weakref
+from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from grpo_tui.monitor import MonitorSnapshot
-from grpo_tui.runstate import NAN, PEAK_MIB, RunState
+from grpo_tui.runstate import PEAK_MIB, RunState
 
 # frac_reward_zero_std at or above this counts as "no learning signal" for a step.
 ZERO_STD_FRAC = 0.9
@@ -44,7 +47,8 @@ STALL_GPU_UTIL_PCT = 5.0
 CREEP_STEPS = 20
 # ... and rises by more than this fraction over them (allocator fragmentation or a leak).
 CREEP_FRAC = 0.05
-# Steps scanned back from the newest by default (keeps a live call cheap on long runs).
+# Steps back from the newest whose new episodes are reported by default (older, finished ones are
+# in the AlertLog already, or are asked for with window=None).
 ALERT_SCAN_STEPS = 500
 
 NO_SIGNAL, KL_SPIKE, CLIPPED, ENTROPY_COLLAPSE, STALL, MEMORY_CREEP, RUN_FAILED = (
@@ -60,106 +64,131 @@ class Alert:
     message: str
 
 
-def _tail_series(state: RunState, name: str, window: int | None) -> tuple[list[float], list[float]]:
-    col = state.column(name)
-    start = 0 if window is None else max(0, len(col) - window)
-    pairs = [(x, y) for x, y in zip(state.steps[start:], col[start:]) if not math.isnan(y)]
-    return [p[0] for p in pairs], [p[1] for p in pairs]
+class _Tracker:
+    """Episodes of one series, fed incrementally: each new point is judged once (`flag` returns the
+    alert message when the point meets the condition), and an episode is `min_run` consecutive
+    flagged points; its alert is stamped with the step where the run reached `min_run`."""
+
+    kind = ""
+    series = ""
+    min_run = 1
+
+    def __init__(self) -> None:
+        self.next = 0  # the next column index to judge
+        self.run = 0  # flagged points in a row so far
+        self.found: list[tuple[int, Alert]] = []  # (column index, alert) of every episode, oldest first
+
+    def flag(self, value: float, step: int) -> str | None:
+        raise NotImplementedError
+
+    def feed(self, steps: Sequence[float], col: Sequence[float]) -> None:
+        for i in range(self.next, len(col)):
+            value, step = col[i], steps[i]
+            if math.isnan(value) or math.isnan(step):
+                continue  # a step without this metric neither breaks nor extends an episode
+            message = self.flag(value, int(step))
+            self.run = self.run + 1 if message else 0
+            if self.run == self.min_run and message:
+                self.found.append((i, Alert(self.kind, "warning", int(step), message)))
+        self.next = len(col)
+
+    @property
+    def ongoing(self) -> bool:
+        return self.run >= self.min_run
 
 
-def _episodes(state: RunState, name: str, window: int | None, flag: Callable[[list[float]], list[bool]],
-              min_run: int, lead: int = 0) -> tuple[list[float], list[tuple[int, int]]]:
-    """(values, [(onset step, index)]) of runs of >= min_run flagged steps in the last `window` steps.
+class _NoSignal(_Tracker):
+    kind, series, min_run = NO_SIGNAL, "frac_reward_zero_std", ZERO_STD_STEPS
 
-    An episode already under way at the window's start (flag at index `lead`, the first index a flag can
-    be judged at) widens the window until it is not, so its onset does not slide as steps arrive.
-    """
-    while True:
-        xs, ys = _tail_series(state, name, window)
-        flags = flag(ys)
-        if window is None or window >= len(state) or len(flags) <= lead or not flags[lead]:
-            return ys, _onsets(xs, flags, min_run)
-        window *= 2
+    def flag(self, value: float, step: int) -> str | None:
+        if value < ZERO_STD_FRAC:
+            return None
+        return (f"no learning signal: every group's rewards are identical (frac_reward_zero_std ≥ {ZERO_STD_FRAC} "
+                f"for {ZERO_STD_STEPS}+ steps); loss sits at 0 — raise temperature or num_generations, or ease the reward")
 
 
-def _onsets(xs: Sequence[float], flags: Sequence[bool], min_run: int) -> list[tuple[int, int]]:
-    """(onset step, index) of each run of >= min_run consecutive True flags; the onset is the step at
-    which the run reached min_run."""
-    out, run = [], 0
-    for i, flag in enumerate(flags):
-        run = run + 1 if flag else 0
-        if run == min_run:
-            out.append((int(xs[i]), i))
+class _KlSpike(_Tracker):
+    kind, series = KL_SPIKE, "kl"  # consecutive spiking steps are one episode
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.recent: deque[float] = deque(maxlen=KL_WINDOW)
+
+    def flag(self, value: float, step: int) -> str | None:
+        message = None
+        if len(self.recent) == KL_WINDOW and value > KL_FLOOR:
+            median = statistics.median(self.recent)
+            if value > KL_SPIKE_FACTOR * median:
+                message = (f"KL spike at step {step}: {value:.4g} vs recent median {median:.3g} "
+                           f"(>{KL_SPIKE_FACTOR:g}x) — lower the learning rate or raise beta")
+        self.recent.append(value)
+        return message
+
+
+class _Clipped(_Tracker):
+    kind, series, min_run = CLIPPED, "completions/clipped_ratio", CLIPPED_STEPS
+
+    def flag(self, value: float, step: int) -> str | None:
+        if value <= CLIPPED_RATIO:
+            return None
+        return (f"{value:.0%} of completions hit max_completion_length (>{CLIPPED_RATIO:.0%} for {CLIPPED_STEPS}+ "
+                "steps) — raise grpo.max_completion_length")
+
+
+class _EntropyCollapse(_Tracker):
+    kind, series, min_run = ENTROPY_COLLAPSE, "entropy", ENTROPY_STEPS
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.early: list[float] = []  # the first ENTROPY_EARLY_STEPS values: the reference
+
+    def flag(self, value: float, step: int) -> str | None:
+        if len(self.early) < ENTROPY_EARLY_STEPS:
+            self.early.append(value)
+            return None
+        early_mean = sum(self.early) / len(self.early)
+        if early_mean <= 0 or value >= ENTROPY_COLLAPSE_FRAC * early_mean:
+            return None
+        return (f"entropy collapsed to {value:.3g} (< {ENTROPY_COLLAPSE_FRAC:g} x early mean {early_mean:.3g}): the "
+                "policy stopped exploring — lower the learning rate or raise temperature")
+
+
+class _MemoryCreep(_Tracker):
+    kind, series = MEMORY_CREEP, PEAK_MIB
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.last: deque[float] = deque(maxlen=CREEP_STEPS)
+        self.rising = 0  # values in the current never-falling run
+
+    def flag(self, value: float, step: int) -> str | None:
+        self.rising = self.rising + 1 if self.last and value >= self.last[-1] else 1
+        self.last.append(value)
+        first = self.last[0]
+        if self.rising < CREEP_STEPS or first <= 0 or value <= first * (1 + CREEP_FRAC):
+            return None
+        return (f"peak memory rose every step for {CREEP_STEPS} steps ({first:.0f} → {value:.0f} MiB): "
+                "fragmentation or a leak — try PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")
+
+
+_TRACKERS = (_NoSignal, _KlSpike, _Clipped, _EntropyCollapse, _MemoryCreep)
+# Each RunState's trackers, so a live run's alerts cost only its new points (RunState only grows).
+_STATE_TRACKERS: weakref.WeakKeyDictionary[RunState, list[_Tracker]] = weakref.WeakKeyDictionary()
+
+
+def _series_alerts(state: RunState, window: int | None) -> list[Alert]:
+    trackers = _STATE_TRACKERS.get(state)
+    if trackers is None:
+        trackers = _STATE_TRACKERS[state] = [cls() for cls in _TRACKERS]
+    first = 0 if window is None else len(state) - window
+    out = []
+    for tracker in trackers:
+        tracker.feed(state.steps, state.column(tracker.series))
+        found = tracker.found
+        out += [alert for i, alert in found if i >= first]
+        if tracker.ongoing and found and found[-1][0] < first:
+            out.append(found[-1][1])  # an episode still under way keeps its onset, however old
     return out
-
-
-def _no_signal(state: RunState, window: int | None) -> list[Alert]:
-    _, found = _episodes(state, "frac_reward_zero_std", window, lambda ys: [y >= ZERO_STD_FRAC for y in ys],
-                         ZERO_STD_STEPS)
-    return [Alert(NO_SIGNAL, "warning", step,
-                  f"no learning signal: every group's rewards are identical (frac_reward_zero_std ≥ {ZERO_STD_FRAC} "
-                  f"for {ZERO_STD_STEPS}+ steps); loss sits at 0 — raise temperature or num_generations, or ease the reward")
-            for step, _ in found]
-
-
-def _kl_medians(ys: list[float]) -> list[float]:
-    return [NAN] * min(KL_WINDOW, len(ys)) + [statistics.median(ys[i - KL_WINDOW:i]) for i in range(KL_WINDOW, len(ys))]
-
-
-def _kl_flags(ys: list[float]) -> list[bool]:
-    medians = _kl_medians(ys)
-    return [i >= KL_WINDOW and y > KL_FLOOR and y > KL_SPIKE_FACTOR * medians[i] for i, y in enumerate(ys)]
-
-
-def _kl_spikes(state: RunState, window: int | None) -> list[Alert]:
-    # consecutive spiking steps are one episode
-    ys, found = _episodes(state, "kl", None if window is None else window + KL_WINDOW, _kl_flags, 1, KL_WINDOW)
-    return [Alert(KL_SPIKE, "warning", step,
-                  f"KL spike at step {step}: {ys[i]:.4g} vs recent median {statistics.median(ys[i - KL_WINDOW:i]):.3g} "
-                  f"(>{KL_SPIKE_FACTOR:g}x) — lower the learning rate or raise beta")
-            for step, i in found]
-
-
-def _clipped(state: RunState, window: int | None) -> list[Alert]:
-    ys, found = _episodes(state, "completions/clipped_ratio", window, lambda v: [y > CLIPPED_RATIO for y in v],
-                          CLIPPED_STEPS)
-    return [Alert(CLIPPED, "warning", step,
-                  f"{ys[i]:.0%} of completions hit max_completion_length (>{CLIPPED_RATIO:.0%} for {CLIPPED_STEPS}+ "
-                  "steps) — raise grpo.max_completion_length")
-            for step, i in found]
-
-
-def _entropy_collapse(state: RunState, window: int | None) -> list[Alert]:
-    early = [v for v in state.column("entropy")[: 4 * ENTROPY_EARLY_STEPS] if not math.isnan(v)][:ENTROPY_EARLY_STEPS]
-    if len(early) < ENTROPY_EARLY_STEPS:
-        return []
-    early_mean = sum(early) / len(early)
-    if early_mean <= 0:
-        return []
-    limit = ENTROPY_COLLAPSE_FRAC * early_mean
-    ys, found = _episodes(state, "entropy", window, lambda v: [y < limit for y in v], ENTROPY_STEPS)
-    return [Alert(ENTROPY_COLLAPSE, "warning", step,
-                  f"entropy collapsed to {ys[i]:.3g} (< {ENTROPY_COLLAPSE_FRAC:g} x early mean {early_mean:.3g}): the "
-                  "policy stopped exploring — lower the learning rate or raise temperature")
-            for step, i in found]
-
-
-def _creep_flags(ys: list[float]) -> list[bool]:
-    flags, run_start = [], 0
-    for i in range(len(ys)):
-        if i and ys[i] < ys[i - 1]:
-            run_start = i
-        first = i - CREEP_STEPS + 1
-        flags.append(first >= run_start and ys[first] > 0 and ys[i] > ys[first] * (1 + CREEP_FRAC))
-    return flags
-
-
-def _memory_creep(state: RunState, window: int | None) -> list[Alert]:
-    ys, found = _episodes(state, PEAK_MIB, window, _creep_flags, 1, CREEP_STEPS - 1)
-    return [Alert(MEMORY_CREEP, "warning", step,
-                  f"peak memory rose every step for {CREEP_STEPS} steps ({ys[i - CREEP_STEPS + 1]:.0f} → {ys[i]:.0f} MiB): "
-                  "fragmentation or a leak — try PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")
-            for step, i in found]
 
 
 def _stall(state: RunState, snapshot: MonitorSnapshot | None, now: float | None) -> list[Alert]:
@@ -205,8 +234,7 @@ def detect_alerts(state: RunState, snapshot: MonitorSnapshot | None = None, *, w
     """
     alerts = _stall(state, snapshot, now) + _failed(state)
     if not state.partial:
-        alerts += (_no_signal(state, window) + _kl_spikes(state, window) + _clipped(state, window)
-                   + _entropy_collapse(state, window) + _memory_creep(state, window))
+        alerts += _series_alerts(state, window)
     return sorted(alerts, key=lambda a: (a.step, ALERT_KINDS.index(a.kind)))
 
 
