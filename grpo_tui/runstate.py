@@ -128,8 +128,8 @@ class RunState:
                     batch = []
                 self._apply_event(record)
                 changed = True
-            elif "step" in record:
-                batch.append(record)
+            elif isinstance(record.get("step"), (int, float)) and math.isfinite(record["step"]):
+                batch.append(record)  # a step record without a usable step number is skipped
         if batch:
             self._apply_steps(batch)
             changed = True
@@ -147,6 +147,8 @@ class RunState:
                 self.start_time = when
             if self.max_steps is None and as_int(record.get("max_steps")):
                 self.max_steps = as_int(record.get("max_steps"))
+            if not self.loss_impl and record.get("loss_impl"):
+                self.loss_impl = str(record["loss_impl"])
             self._map_pids(record)
         elif kind == "loss_impl_switch":
             self.phase_peaks_before_switch = dict(self.phase_peaks_since_switch)
@@ -234,7 +236,7 @@ class RunState:
 
     def series_names(self) -> list[str]:
         """Metrics with at least one value."""
-        return sorted(name for name, col in self._cols.items() if any(not math.isnan(v) for v in col))
+        return sorted(name for name, col in self._cols.items() if not all(map(math.isnan, col)))
 
     def has_series(self, name: str) -> bool:
         return name in self._cols

@@ -71,6 +71,7 @@ def test_missing_and_non_numeric_values_become_gaps() -> None:
     state = RunState()
     state.apply([_step(1, reward=0.1, kl=0.01), _step(2, reward=None), _step(3, reward="oops", kl=0.02)])
     state.apply([_step(4, reward=0.4, entropy=1.0)])  # a metric first seen late
+    assert not state.apply([{"step": None, "reward": 9.0}, {"step": "x"}, {"reward": 1.0}])  # no usable step
     assert state.series("reward") == ([1, 4], [0.1, 0.4])
     assert state.series("kl") == ([1, 3], [0.01, 0.02])
     assert state.series("entropy") == ([4], [1.0])
