@@ -187,7 +187,9 @@ class Monitor:
                     proc = self._processes[pid] = psutil.Process(pid)
                 rss[pid] = proc.memory_info().rss / MIB
             except (psutil.Error, OSError):
-                self._processes.pop(pid, None)  # gone (or not ours to read): leave it out
+                pass  # gone (or not ours to read): leave it out
+        # keep handles only for pids still asked about and alive (no growth over many runs)
+        self._processes = {pid: self._processes[pid] for pid in rss}
         return HostSnapshot(cpu, ram_used, ram_total, rss)
 
     # ---- public ------------------------------------------------------------------------------
