@@ -254,5 +254,6 @@ class AlertLog:
         return new
 
     def active(self, state: RunState, within_steps: int = 10) -> list[Alert]:
-        """Alerts raised in the last `within_steps` steps (for in-place badges)."""
-        return [a for a in self.alerts if a.step >= state.last_step - within_steps]
+        """Alerts of the last `within_steps` steps, and episodes still under way however old (for in-place badges)."""
+        ongoing = {(t.kind, t.found[-1][1].step) for t in _STATE_TRACKERS.get(state, ()) if t.ongoing and t.found}
+        return [a for a in self.alerts if a.step >= state.last_step - within_steps or (a.kind, a.step) in ongoing]

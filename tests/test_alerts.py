@@ -129,7 +129,10 @@ def test_alert_log_raises_each_episode_once_while_it_persists() -> None:
         new_total += log.update(detect_alerts(state, now=1000.0 + s, window=20))
     assert [(a.kind, a.step) for a in new_total] == [(A.NO_SIGNAL, 100 + A.ZERO_STD_STEPS)]
     assert len(log.alerts) == 1 and log.active(state, within_steps=100) == log.alerts
-    assert log.active(state, within_steps=5) == []
+    assert log.active(state, within_steps=5) == log.alerts  # still under way: stays active
+    state.apply([{"step": 160, "time": 1160.0, "step_time": 1.0, **HEALTHY}])  # the signal is back
+    assert log.update(detect_alerts(state, now=1160.0, window=20)) == []
+    assert log.active(state, within_steps=5) == [] and len(log.alerts) == 1
 
 
 def test_window_bounds_the_scan() -> None:
