@@ -165,24 +165,18 @@ def profile_chunk(rows: int, hidden: int, vocab: int) -> dict:
     ids = torch.randint(0, vocab, (rows,), device="cuda", generator=g)
     tile = torch.empty(rows, vocab, device="cuda", dtype=torch.bfloat16)
     torch.mm(h, w.t(), out=tile)
-    lp, _, lse = triton_ops.logprob_stats(tile, ids, 1.0)
-    adv, ref, m = torch.randn(1, rows, device="cuda"), lp.view(1, -1) - 0.1, torch.ones(1, rows, device="cuda")
+    parts, tgt = triton_ops.row_stats(tile, ids, 1.0)
+    lp, _, lse, _ = triton_ops.finish_rows(parts, tgt)
+    grad_inputs = dict(old=None, ref=lp - 0.1, adv=torch.randn(rows, device="cuda"), w=torch.full_like(lp, 1 / rows),
+                       beta=0.04, epsilon_low=0.2, epsilon_high=0.2)  # fmt: skip
     acc32 = torch.zeros(vocab, hidden, device="cuda")
     acc16 = torch.zeros(vocab, hidden, device="cuda", dtype=torch.bfloat16)
     gh = torch.empty_like(h)
     gvec = torch.randn(rows, device="cuda") * 1e-3
-
-    def loss_math() -> None:
-        with torch.enable_grad():
-            x = lp.view(1, -1).detach().requires_grad_()
-            loss, _ = per_token_loss(x, None, ref, adv, m, beta=0.04, epsilon_low=0.2, epsilon_high=0.2,
-                                     importance_sampling_level="token")  # fmt: skip
-            torch.autograd.grad((loss * m).sum() / rows, x)
-
     stages = {
         "logits_gemm": lambda: torch.mm(h, w.t(), out=tile),
-        "row_stats": lambda: triton_ops.logprob_stats(tile, ids, 1.0),
-        "loss_math": loss_math,
+        "row_stats": lambda: triton_ops.row_stats(tile, ids, 1.0),
+        "finish_rows_grad": lambda: triton_ops.finish_rows(parts, tgt, grad_inputs),
         "logits_to_grad": lambda: triton_ops.logits_to_grad(tile, ids, lse, gvec, 1.0),
         "dh_gemm": lambda: torch.mm(tile, w, out=gh),
         "dw_gemm_fp32acc": lambda: _addmm_acc(acc32, tile.t(), h),
@@ -244,6 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--providers", default=",".join(PROVIDERS), help=f"subset of {','.join(PROVIDERS)}")
     ap.add_argument("--chunk-tokens", type=int, default=None, help="our chunk size (default by vocab)")
     ap.add_argument("--sweep-chunks", default="", help="also time ours at these chunk sizes, e.g. 512,2048")
+    ap.add_argument("--sweep-lean", default="", help="also time ours lean at these chunk sizes")
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--no-check", action="store_true", help="skip the correctness check of ours vs naive")
     ap.add_argument("--profile", default="", help="also time each stage of one chunk at these sizes, e.g. 1024,4096")
@@ -257,20 +252,20 @@ def main(argv: list[str] | None = None) -> int:
     if bad:
         print(f"--providers: unknown {', '.join(bad)}; allowed: {', '.join(PROVIDERS)}", file=sys.stderr)
         return 2
-    sweep = [int(c) for c in args.sweep_chunks.split(",") if c.strip()]
+    sweep = [("chunked", int(c)) for c in args.sweep_chunks.split(",") if c.strip()]
+    sweep += [("chunked-lean", int(c)) for c in args.sweep_lean.split(",") if c.strip()]
     records, checks = [], []
     for batch in (int(b) for b in args.batch.split(",")):
         inp = make_inputs(batch, args.seq, args.hidden, args.vocab)
         tokens = batch * args.seq
-        runs = [(p, args.chunk_tokens) for p in providers] + [(f"chunked-c{c}", c) for c in sweep]
-        for provider, chunk in runs:
+        runs = [(p, args.chunk_tokens, p) for p in providers] + [(f"{p}-c{c}", c, p) for p, c in sweep]
+        for provider, chunk, kind in runs:
             rec = {"provider": provider, "batch": batch, "tokens": tokens, "ms": None, "extra_peak_mib": None}
             try:
                 if provider == "floor":
                     step = _floor_fn(inp)
                 else:
-                    step = loss_fn(provider.split("-c")[0] if provider.startswith("chunked-c") else provider,
-                                   inp, args.beta, chunk)  # fmt: skip
+                    step = loss_fn(kind, inp, args.beta, chunk)
                 rec["ms"], rec["extra_peak_mib"], rec["host_ms"] = measure(
                     step, inp, args.reps, warmup=1 if provider == "liger" else 2
                 )

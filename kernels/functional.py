@@ -3,12 +3,13 @@
 How it works, per chunk of rows (whole sequences under sequence-level sampling):
 1. logits = h_c @ W^T (+ b) by cuBLAS into one reused [C, V] buffer (fp32 accumulation inside).
 2. `row_stats` (Triton): one read of the buffer -> log-prob of the target, entropy, logsumexp.
-3. The GRPO loss of the chunk in torch with autograd on a detached leaf of the log-probs (exact TRL
-   semantics, every normaliser folded into per-token weights computed once from the full mask)
-   gives d(loss)/d(log-prob) per token.
+3. d(loss)/d(log-prob) per token: token-level sampling in closed form inside `finish_rows` (a small
+   Triton kernel; every normaliser is folded into per-token weights computed once from the full mask);
+   sequence-level sampling by autograd through the shared loss math on the chunk's whole sequences.
 4. `logits_to_grad` (Triton): the buffer becomes d(loss)/d(logits) in place.
 5. dH_c = dlogits @ W and dW += dlogits^T @ h_c (fp32 accumulator unless `lean`), db += colsum.
-The returned loss carries these gradients; its backward only scales them by the incoming gradient.
+The loss value and the metrics come from all log-probs at once, through the same loss math as the
+reference. The returned loss carries the gradients; its backward only scales them by grad_output.
 No logits are recomputed: 3 GEMMs in all, plus two memory-bound passes over each chunk.
 """
 
@@ -18,7 +19,7 @@ import torch
 
 from . import triton_ops
 from .checks import check_head, check_loss_args
-from .loss_math import GrpoMetrics, add_stats, finish_metrics, per_token_loss, token_weights
+from .loss_math import GrpoMetrics, finish_metrics, per_token_loss, token_weights
 
 # Bytes of the reused [C, V] logits buffer that the default chunk size aims at (C = 1024 at V = 152k in bf16)
 CHUNK_BUFFER_BYTES = 320 * 2**20
@@ -46,8 +47,12 @@ def _addmm_acc(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
         acc.addmm_(a.to(acc.dtype), b.to(acc.dtype))
 
 
-def _chunk_loop(hidden2d, weight, bias, ids, *, inv_t, rows_per_chunk, grad_of_logps, want, lean):
-    """Run the chunks; returns (logps, entropies, grad_hidden, grad_weight, grad_bias)."""
+def _chunk_loop(hidden2d, weight, bias, ids, *, inv_t, rows_per_chunk, token_grad, seq_grad, want, lean):
+    """Run the chunks; returns (logps, entropies, grad_hidden, grad_weight, grad_bias).
+
+    token_grad: dict of [N] tensors and scalars for `triton_ops.finish_rows` (token-level sampling);
+    seq_grad: callable (start, end, logps) -> [n] d(loss)/d(logps) (sequence level); both None: no gradient.
+    """
     n_rows, _ = hidden2d.shape
     vocab = weight.shape[0]
     stats_dtype = torch.float64 if hidden2d.dtype == torch.float64 else torch.float32
@@ -67,11 +72,16 @@ def _chunk_loop(hidden2d, weight, bias, ids, *, inv_t, rows_per_chunk, grad_of_l
             torch.mm(h_c, w_t, out=tile)
         else:
             torch.addmm(bias, h_c, w_t, out=tile)
-        lp, ent, lse = triton_ops.logprob_stats(tile, ids[start:end], inv_t)
+        parts, target_logit = triton_ops.row_stats(tile, ids[start:end], inv_t)
+        chunk_grad = None
+        if token_grad is not None and any(want):
+            chunk_grad = {k: (v[start:end] if isinstance(v, torch.Tensor) else v) for k, v in token_grad.items()}
+        lp, ent, lse, g = triton_ops.finish_rows(parts, target_logit, chunk_grad)
         logps[start:end] = lp
         entropies[start:end] = ent
-        g = grad_of_logps(start, end, lp) if grad_of_logps is not None else None
-        if g is None or not any(want):
+        if seq_grad is not None and any(want):
+            g = seq_grad(start, end, lp)
+        if g is None:
             continue
         triton_ops.logits_to_grad(tile, ids[start:end], lse, g, inv_t)
         if gh is not None:
@@ -80,7 +90,7 @@ def _chunk_loop(hidden2d, weight, bias, ids, *, inv_t, rows_per_chunk, grad_of_l
             _addmm_acc(gw, tile.t(), h_c)
         if gb is not None:
             gb += tile.sum(0, dtype=gb.dtype)
-    del buf  # free the chunk buffer before the fp32 -> bf16 copy of dW
+    del buf, tile  # free the chunk buffer before the fp32 -> bf16 copy of dW
     if gw is not None and gw.dtype != weight.dtype:
         gw = gw.to(weight.dtype)
     if gb is not None:
@@ -166,43 +176,45 @@ def fused_linear_grpo_loss(
     grad_on = torch.is_grad_enabled()
     want = tuple(grad_on and t is not None and t.requires_grad for t in (hidden, weight, bias))
 
-    mask = completion_mask.to(stats_dtype).reshape(-1)
+    mask2d = completion_mask.to(stats_dtype)
     weights = token_weights(
-        completion_mask.to(stats_dtype), loss_type, max_completion_length=max_completion_length,
-        num_items_in_batch=num_items_in_batch, dtype=stats_dtype,
-    ).reshape(-1)  # fmt: skip
-    adv = advantages.to(stats_dtype).unsqueeze(1).expand(batch, seq).reshape(-1)
-    old = old_logps.to(stats_dtype).reshape(-1) if old_logps is not None else None
-    ref = ref_logps.to(stats_dtype).reshape(-1) if ref_logps is not None else None
-    state = {"loss": torch.zeros((), device=hidden.device, dtype=stats_dtype), "stats": None}
+        mask2d, loss_type, max_completion_length=max_completion_length, num_items_in_batch=num_items_in_batch,
+        dtype=stats_dtype,
+    )  # fmt: skip
+    adv = advantages.to(stats_dtype).unsqueeze(1)  # (B, 1)
+    old = old_logps.to(stats_dtype) if old_logps is not None else None
+    ref = ref_logps.to(stats_dtype) if ref_logps is not None and beta != 0.0 else None
+    clip = dict(epsilon_low=epsilon_low, epsilon_high=epsilon_high)
+    token_grad = seq_grad = None
+    if importance_sampling_level == "token":
+        flat = lambda t: None if t is None else t.reshape(-1)  # noqa: E731
+        token_grad = dict(old=flat(old), ref=flat(ref), adv=adv.expand(batch, seq).reshape(-1), w=flat(weights),
+                          beta=beta, **clip)  # fmt: skip
+    else:
 
-    def grad_of_logps(start: int, end: int, lp: torch.Tensor) -> torch.Tensor | None:
-        # Token level: any row split works, rows are viewed as one (1, n) batch; sequence level: (n/T, T)
-        shape = (1, end - start) if importance_sampling_level == "token" else ((end - start) // seq, seq)
-        adv_c = adv[start:end].view(shape)
-        if importance_sampling_level == "sequence":
-            adv_c = adv_c[:, :1]
-        with torch.enable_grad():
-            x = lp.detach().view(shape).requires_grad_(any(want))
-            loss_tok, stats = per_token_loss(
-                x, None if old is None else old[start:end].view(shape),
-                None if ref is None else ref[start:end].view(shape), adv_c, mask[start:end].view(shape),
-                beta=beta, epsilon_low=epsilon_low, epsilon_high=epsilon_high,
-                importance_sampling_level=importance_sampling_level,
-            )  # fmt: skip
-            chunk_loss = (loss_tok * weights[start:end].view(shape)).sum()
-            g = torch.autograd.grad(chunk_loss, x)[0].reshape(-1) if any(want) else None
-        state["loss"] += chunk_loss.detach()
-        state["stats"] = add_stats(state["stats"], stats)
-        return g
+        def seq_grad(start: int, end: int, lp: torch.Tensor) -> torch.Tensor:
+            # The sequence ratio couples a sequence's tokens: autograd through the loss math on (n / T, T)
+            rows = slice(start // seq, end // seq)
+            with torch.enable_grad():
+                x = lp.detach().view(-1, seq).requires_grad_()
+                loss_tok, _ = per_token_loss(
+                    x, None if old is None else old[rows], None if ref is None else ref[rows], adv[rows],
+                    mask2d[rows], beta=beta, importance_sampling_level="sequence", **clip,
+                )  # fmt: skip
+                return torch.autograd.grad((loss_tok * weights[rows]).sum(), x)[0].reshape(-1)
 
     with torch.no_grad():
         logps, entropies, gh, gw, gb = _chunk_loop(
             hidden.reshape(-1, width), weight, bias, completion_ids.reshape(-1).long(), inv_t=1.0 / temperature,
-            rows_per_chunk=rows, grad_of_logps=grad_of_logps, want=want, lean=lean,
+            rows_per_chunk=rows, token_grad=token_grad, seq_grad=seq_grad, want=want, lean=lean,
         )  # fmt: skip
-    metrics = finish_metrics(state["stats"], logps.view(batch, seq), entropies.view(batch, seq), completion_mask)
-    loss = state["loss"]
+        # The loss value and the logged metrics from all log-probs at once: the same code as the reference
+        logps, entropies = logps.view(batch, seq), entropies.view(batch, seq)
+        loss_tok, stats = per_token_loss(
+            logps, old, ref, adv, mask2d, beta=beta, importance_sampling_level=importance_sampling_level, **clip
+        )
+        loss = (loss_tok * weights).sum()
+    metrics = finish_metrics(stats, logps, entropies, mask2d)
     if any(want):
         loss = _LossWithGrads.apply(loss, hidden, weight, bias, (None if gh is None else gh.view_as(hidden), gw, gb))
     return loss, metrics
@@ -237,7 +249,7 @@ def selective_logprobs(
     rows = chunk_tokens or default_chunk_tokens(weight.shape[0], hidden.dtype)
     logps, entropies, *_ = _chunk_loop(
         hidden.reshape(-1, hidden.shape[-1]), weight, bias, ids.reshape(-1).long(), inv_t=1.0 / temperature,
-        rows_per_chunk=rows, grad_of_logps=None, want=(False, False, False), lean=False,
+        rows_per_chunk=rows, token_grad=None, seq_grad=None, want=(False, False, False), lean=False,
     )  # fmt: skip
     if return_entropy:
         return logps.view(ids.shape), entropies.view(ids.shape)

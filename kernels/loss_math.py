@@ -126,6 +126,37 @@ def per_token_loss(
     return loss, stats
 
 
+def token_level_grad(
+    logps: torch.Tensor,
+    old_logps: torch.Tensor | None,
+    ref_logps: torch.Tensor | None,
+    advantages: torch.Tensor,
+    weights: torch.Tensor,
+    *,
+    beta: float,
+    epsilon_low: float,
+    epsilon_high: float,
+) -> torch.Tensor:
+    """d(sum(per_token_loss * weights)) / d(logps) for token-level sampling, in closed form.
+
+    Mirrors autograd through `per_token_loss` exactly, ties included: torch.min splits the gradient
+    evenly between equal arguments (every token on-policy, where ratio == 1) and torch.clamp passes it
+    on the closed interval. The Triton row kernel implements the same formula.
+    """
+    old = logps if old_logps is None else old_logps.to(logps.dtype)
+    ratio = torch.exp(logps - old)
+    lo, hi = 1 - epsilon_low, 1 + epsilon_high
+    unclipped = ratio * advantages
+    clipped = torch.clamp(ratio, lo, hi) * advantages
+    inside = ((ratio >= lo) & (ratio <= hi)).to(logps.dtype)
+    take_u = (unclipped < clipped).to(logps.dtype) + 0.5 * (unclipped == clipped).to(logps.dtype)
+    take_c = (unclipped > clipped).to(logps.dtype) + 0.5 * (unclipped == clipped).to(logps.dtype)
+    grad = -(take_u + take_c * inside) * advantages * ratio
+    if beta != 0.0:
+        grad = grad + beta * (1 - torch.exp(ref_logps.to(logps.dtype) - logps))
+    return grad * weights
+
+
 def add_stats(a: ChunkStats | None, b: ChunkStats) -> ChunkStats:
     """Sum two chunks' statistics."""
     if a is None:

@@ -2,7 +2,8 @@
 
 The chunk's logits `[n, V]` come from cuBLAS. Two passes then touch them:
 1. `row_stats`: one read; per (row, vocab segment) the running max, sum of exp and the entropy term,
-   plus the target's logit. `combine_stats` folds the segments into log-prob, entropy and logsumexp.
+   plus the target's logit. `finish_rows` (a small kernel over rows) folds the segments into log-prob,
+   entropy and logsumexp and, for token-level sampling, forms d(loss)/d(log-prob) in closed form.
 2. `logits_to_grad`: one read + one write; overwrites the logits in place with
    d(loss)/d(logits) = g * (onehot(target) - softmax) / T, ready for the gradient GEMMs.
 
@@ -15,6 +16,8 @@ import os
 
 import torch
 
+from .loss_math import token_level_grad
+
 try:
     import triton
     import triton.language as tl
@@ -25,10 +28,11 @@ except ImportError:  # pragma: no cover - Triton ships with torch on Linux
 
 # Read once at import, as Triton itself does when it decorates the kernels below
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
-# Vocabulary columns per program of `row_stats` (a multiple of its block): ~10 programs per row at V=152k
-STATS_SEGMENT = 16384
+# Vocabulary columns per program of `row_stats` (a multiple of its block); one step per program streams
+# best (measured on an H200: 16384-column segments in 2048-wide steps reached only 1.4 TB/s)
+STATS_SEGMENT = 4096
 # Columns per loop step of `row_stats`
-STATS_BLOCK = 2048
+STATS_BLOCK = 4096
 # Columns per program of `logits_to_grad`
 GRAD_BLOCK = 4096
 # "torch" or "triton" pins a backend (tests); None: Triton on CUDA, the torch twins elsewhere. On CPU the
@@ -143,10 +147,106 @@ def _pow2_at_most(n: int, cap: int) -> int:
     return min(cap, 1 << max(0, (n - 1).bit_length()))
 
 
-def logprob_stats(
-    logits: torch.Tensor, targets: torch.Tensor, inv_t: float
+@_jit
+def _finish_rows_kernel(
+    part_max_ptr,
+    part_sum_ptr,
+    part_xsum_ptr,
+    target_logit_ptr,
+    n_rows,
+    n_seg,
+    logp_ptr,
+    ent_ptr,
+    lse_ptr,
+    grad_ptr,
+    old_ptr,
+    ref_ptr,
+    adv_ptr,
+    w_ptr,
+    beta,
+    lo,
+    hi,
+    HAS_GRAD: tl.constexpr,
+    HAS_OLD: tl.constexpr,
+    HAS_REF: tl.constexpr,
+    ROWS: tl.constexpr,
+    SEGS: tl.constexpr,
+):
+    # ROWS rows per program: fold the [ROWS, n_seg] partials, then (HAS_GRAD) d(loss)/d(log-prob) in closed
+    # form, the formula of `loss_math.token_level_grad`
+    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    rmask = rows < n_rows
+    cols = tl.arange(0, SEGS)
+    mask2 = rmask[:, None] & (cols < n_seg)[None, :]
+    offs = rows[:, None] * n_seg + cols[None, :]
+    pm = tl.load(part_max_ptr + offs, mask=mask2, other=-float("inf"))
+    ps = tl.load(part_sum_ptr + offs, mask=mask2, other=0.0)
+    px = tl.load(part_xsum_ptr + offs, mask=mask2, other=0.0)
+    m = tl.where(rmask, tl.max(pm, axis=1), 0.0)
+    d = tl.where(mask2, pm - m[:, None], 0.0)
+    a = tl.where(mask2, tl.exp(d), 0.0)
+    s = tl.where(rmask, tl.sum(a * ps, axis=1), 1.0)
+    xs = tl.sum(a * (px + d * ps), axis=1)
+    log_s = tl.log(s)
+    lse = m + log_s
+    lp = tl.load(target_logit_ptr + rows, mask=rmask, other=0.0) - lse
+    tl.store(logp_ptr + rows, lp, mask=rmask)
+    tl.store(ent_ptr + rows, log_s - xs / s, mask=rmask)
+    tl.store(lse_ptr + rows, lse, mask=rmask)
+    if HAS_GRAD:
+        lo = tl.cast(lo, tl.float32)
+        hi = tl.cast(hi, tl.float32)
+        adv = tl.load(adv_ptr + rows, mask=rmask, other=0.0)
+        if HAS_OLD:
+            ratio = tl.exp(lp - tl.load(old_ptr + rows, mask=rmask, other=0.0))
+        else:
+            ratio = tl.exp(lp - lp)  # on-policy: exactly 1, as exp(logp - logp.detach())
+        u = ratio * adv
+        c = tl.minimum(tl.maximum(ratio, lo), hi) * adv
+        inside = ((ratio >= lo) & (ratio <= hi)).to(tl.float32)
+        tie = 0.5 * (u == c).to(tl.float32)
+        take_u = (u < c).to(tl.float32) + tie
+        take_c = (u > c).to(tl.float32) + tie
+        g = -(take_u + take_c * inside) * adv * ratio
+        if HAS_REF:
+            g += tl.cast(beta, tl.float32) * (1 - tl.exp(tl.load(ref_ptr + rows, mask=rmask, other=0.0) - lp))
+        g = g * tl.load(w_ptr + rows, mask=rmask, other=0.0)
+        tl.store(grad_ptr + rows, g, mask=rmask)
+
+
+def combine_stats(
+    part_max: torch.Tensor, part_sum: torch.Tensor, part_xsum: torch.Tensor, target_logit: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Log-prob of each row's target, entropy and logsumexp of `logits * inv_t`.
+    """Fold per-segment statistics [n, n_seg] into (log-prob, entropy, logsumexp) per row, in torch."""
+    m = part_max.amax(1, keepdim=True)
+    a = torch.exp(part_max - m)
+    s = (a * part_sum).sum(1)
+    xs = (a * (part_xsum + (part_max - m) * part_sum)).sum(1)
+    log_s = torch.log(s)
+    lse = m.squeeze(1) + log_s
+    return target_logit - lse, log_s - xs / s, lse
+
+
+def _finish_rows_torch(
+    part_max, part_sum, part_xsum, target_logit, n_rows, n_seg, logp, ent, lse, grad, old, ref, adv, w, beta,
+    lo, hi, HAS_GRAD, HAS_OLD, HAS_REF, ROWS, SEGS,
+):  # fmt: skip
+    # `_finish_rows_kernel` in torch, sharing the loss math's closed-form gradient
+    del n_rows, n_seg, ROWS, SEGS
+    out = combine_stats(part_max, part_sum, part_xsum, target_logit)
+    for dst, src in zip((logp, ent, lse), out):
+        dst.copy_(src)
+    if HAS_GRAD:
+        grad.copy_(
+            token_level_grad(
+                logp, old if HAS_OLD else None, ref if HAS_REF else None, adv, w, beta=beta if HAS_REF else 0.0,
+                epsilon_low=1 - lo, epsilon_high=hi - 1,
+            )  # fmt: skip
+        )
+
+
+def row_stats(logits: torch.Tensor, targets: torch.Tensor, inv_t: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-(row, vocab segment) statistics of `logits * inv_t` and each row's target logit.
 
     Args:
         logits: [n, V] chunk of logits (row stride may exceed V).
@@ -154,7 +254,8 @@ def logprob_stats(
         inv_t: 1 / temperature.
 
     Returns:
-        ([n] log-probs, [n] entropies, [n] logsumexp), fp32 (fp64 for fp64 logits).
+        ([3, n, n_seg] running max / sum of exp / sum of exp * (z - max), [n] scaled target logits),
+        fp32 (fp64 for fp64 logits).
     """
     n, n_cols = logits.shape
     stats_dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
@@ -168,20 +269,50 @@ def logprob_stats(
         _row_stats_kernel[(n, n_seg)](*args, SEG=seg, BLOCK=block, num_warps=8)
     else:
         _row_stats_torch(*args, SEG=seg, BLOCK=block)
-    return combine_stats(parts[0], parts[1], parts[2], target_logit)
+    return parts, target_logit
 
 
-def combine_stats(
-    part_max: torch.Tensor, part_sum: torch.Tensor, part_xsum: torch.Tensor, target_logit: torch.Tensor
+def finish_rows(
+    parts: torch.Tensor, target_logit: torch.Tensor, grad_inputs: dict | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Log-prob, entropy, logsumexp per row and, given `grad_inputs`, d(loss)/d(log-prob).
+
+    Args:
+        parts, target_logit: from `row_stats`.
+        grad_inputs: for token-level sampling: old (or None), ref (or None), adv, w ([n] each) and
+            beta, epsilon_low, epsilon_high; None for no gradient.
+
+    Returns:
+        ([n] log-probs, [n] entropies, [n] logsumexp, [n] gradient or None).
+    """
+    _, n, n_seg = parts.shape
+    out = torch.empty((4 if grad_inputs else 3, n), device=parts.device, dtype=parts.dtype)
+    gi = grad_inputs or {}
+    dummy = out[0]
+    old, ref = gi.get("old"), gi.get("ref")
+    beta = gi.get("beta", 0.0)
+    has_ref = ref is not None and beta != 0.0
+    args = (
+        parts[0], parts[1], parts[2], target_logit, n, n_seg, out[0], out[1], out[2],
+        out[3] if grad_inputs else dummy, dummy if old is None else old, ref if has_ref else dummy,
+        gi.get("adv", dummy), gi.get("w", dummy), beta, 1 - gi.get("epsilon_low", 0.2), 1 + gi.get("epsilon_high", 0.2),
+    )  # fmt: skip
+    flags = dict(HAS_GRAD=bool(grad_inputs), HAS_OLD=old is not None, HAS_REF=has_ref)
+    segs = _pow2_at_most(n_seg, 1 << 20)
+    rows = max(1, min(64, 4096 // segs))
+    if use_triton(parts.device):
+        _finish_rows_kernel[(-(-n // rows),)](*args, **flags, ROWS=rows, SEGS=segs, num_warps=4)
+    else:
+        _finish_rows_torch(*args, **flags, ROWS=rows, SEGS=segs)
+    return out[0], out[1], out[2], (out[3] if grad_inputs else None)
+
+
+def logprob_stats(
+    logits: torch.Tensor, targets: torch.Tensor, inv_t: float
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Fold per-segment statistics [n, n_seg] into (log-prob, entropy, logsumexp) per row."""
-    m = part_max.amax(1, keepdim=True)
-    a = torch.exp(part_max - m)
-    s = (a * part_sum).sum(1)
-    xs = (a * (part_xsum + (part_max - m) * part_sum)).sum(1)
-    log_s = torch.log(s)
-    lse = m.squeeze(1) + log_s
-    return target_logit - lse, log_s - xs / s, lse
+    """([n] log-probs, [n] entropies, [n] logsumexp) of `logits * inv_t` for `targets` (no gradient)."""
+    parts, target_logit = row_stats(logits, targets, inv_t)
+    return finish_rows(parts, target_logit)[:3]
 
 
 def logits_to_grad(

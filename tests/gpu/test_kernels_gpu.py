@@ -37,7 +37,7 @@ def _inputs(B, T, H, V, dtype, *, off_policy=True, bias=False, seed=None):
 
 
 def _run(fn, inp, dtype, **kw):
-    leaves = [None if inp[k] is None else inp[k].to(dtype).requires_grad_() for k in ("hidden", "weight", "bias")]
+    leaves = [None if inp[k] is None else inp[k].to(dtype).clone().requires_grad_() for k in ("hidden", "weight", "bias")]
     cast = {k: None if inp[k] is None else inp[k].float() for k in ("ref", "old")}
     if dtype == torch.float64:
         cast = {k: inp[k] for k in ("ref", "old")}

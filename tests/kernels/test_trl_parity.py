@@ -52,8 +52,8 @@ def trl_loss(inp, *, loss_type, level, beta, temperature, grad_accum, max_len, n
 def test_reference_equals_trl_compute_loss(make_inputs, loss_type, level):
     inp = make_inputs(B=5, T=6, V=29, off_policy=True, temperature=0.8)
     grad_accum, num_items = 3, 17.0
-    if level == "sequence":  # shift whole sequences so that sequence ratios clip too
-        inp["old"] = inp["old"] + torch.tensor([-0.5, 0.0, 0.0, -0.5, 0.5], dtype=torch.float64).unsqueeze(1)
+    # Shift whole sequences so that ratios clip on both sides at either level
+    inp["old"] = inp["old"] + torch.tensor([-0.5, 0.0, 0.0, -0.5, 0.5], dtype=torch.float64).unsqueeze(1)
     expected, logged = trl_loss(
         inp, loss_type=loss_type, level=level, beta=0.05, temperature=0.8, grad_accum=grad_accum, max_len=9,
         num_items=num_items,
