@@ -64,10 +64,11 @@ def downsample(xs: Sequence[float], ys: Sequence[float], max_points: int) -> tup
 
 # ---- column extraction (the hot path of opening a long run) ---------------------------------------
 def nans(n: int) -> array:
+    """n NaNs (missing values)."""
     return array("d", [NAN]) * n
 
 
-def floats(values: list[Any]) -> array:
+def floats(values: Sequence[Any]) -> array:
     """Values as doubles; anything that is not a number becomes NaN."""
     try:
         return array("d", values)  # C speed when every value is a number (the usual case)
@@ -84,7 +85,7 @@ def extract_columns(recs: list[dict[str, Any]], keys: list[str]) -> list[array]:
         except KeyError:
             pass
         else:
-            return [floats(list(col)) for col in zip(*rows)]
+            return [floats(col) for col in zip(*rows)]
     return [floats([r.get(key, NAN) for r in recs]) for key in keys]
 
 
@@ -138,11 +139,8 @@ def nanmax(values: Sequence[float]) -> float | None:
 
 # ---- small conversions ---------------------------------------------------------------------------
 def num(value: Any) -> float:
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    if isinstance(value, bool):
-        return float(value)
-    return NAN
+    """A number as a float (bools count as 0/1); anything else is NaN."""
+    return float(value) if isinstance(value, (int, float)) else NAN
 
 
 def nan_to(value: float, default: float) -> float:
