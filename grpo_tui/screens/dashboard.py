@@ -138,7 +138,11 @@ class DashboardScreen(Screen[None]):
         self.notify(message.reason, title="Cannot read this run", severity="error")
 
     def on_dashboard_screen_feed_updated(self, message: FeedUpdated) -> None:
-        view = message.view
+        with self.app.batch_update():  # one frame for the whole view
+            self._draw(message.view)
+        self.updates += 1
+
+    def _draw(self, view: DashboardView) -> None:
         self.view = view
         self._draw_title(view)
         self.query_one(ProgressPanel).show(view.progress)
@@ -147,7 +151,9 @@ class DashboardScreen(Screen[None]):
         toggle.set_current(view.loss_impl, view.pending_impl)
         self.query_one(GpuMemoryPanel).show(view.snapshot, view.history, view.run_peaks, view.rank_pids)
         self.query_one(PhasePeaks).show(view.phases, view.switch_label)
-        self.query_one("#phases-box").border_subtitle = view.switch_label or ""
+        phases_box = self.query_one("#phases-box")
+        if phases_box.border_subtitle != (view.switch_label or ""):
+            phases_box.border_subtitle = view.switch_label or ""
         self.query_one(AlertBanner).show(view.active_alerts)
         self.query_one(AlertsPanel).show(view.alerts)
         self._draw_logs(view.log_lines)
@@ -159,7 +165,6 @@ class DashboardScreen(Screen[None]):
             self.app.live_runs.add(self.run_path)  # type: ignore[attr-defined]
         else:
             self.app.live_runs.discard(self.run_path)  # type: ignore[attr-defined]
-        self.updates += 1
 
     def _draw_title(self, view: DashboardView) -> None:
         alerts = len({a.kind for a in view.active_alerts})
@@ -170,7 +175,7 @@ class DashboardScreen(Screen[None]):
             (f"   ⚠ {alerts} alert kind(s)" if alerts else "   ✓ no alerts", "yellow" if alerts else "green"),
             ("   loading the full history…" if view.partial else "", "dim"),
         )
-        self.query_one("#run-title", Static).update(title)
+        self.query_one("#run-title", Static).update(title, layout=False)  # one line, fixed height
 
     def _draw_charts(self, view: DashboardView) -> None:
         charts = view.charts
@@ -244,12 +249,22 @@ class DashboardScreen(Screen[None]):
         groups = self.feed.completion_groups(step)
         self.app.call_from_thread(self.query_one(CompletionsBrowser).show_groups, step, groups)
 
+    @on(TabbedContent.TabActivated, "#dash-tabs")
+    def _tab_changed(self, event: TabbedContent.TabActivated) -> None:
+        browser = self.query_one(CompletionsBrowser)
+        if event.pane.id == "tab-completions":
+            browser.shown()
+        else:
+            browser.hidden()
+
     def action_tab(self, tab: str) -> None:
         self.query_one(TabbedContent).active = tab
 
     def action_step(self, delta: int) -> None:
         self.query_one(TabbedContent).active = "tab-completions"
-        self.query_one(CompletionsBrowser).move(delta)
+        browser = self.query_one(CompletionsBrowser)
+        browser.visible_now = True  # TabActivated arrives after this key
+        browser.move(delta)
 
     def action_leave(self) -> None:
         self.dismiss(None)

@@ -29,6 +29,9 @@ class AlertBanner(Static):
     """
 
     def show(self, alerts: Sequence[Any]) -> None:
+        if tuple(alerts) == getattr(self, "_shown", None):
+            return
+        self._shown = tuple(alerts)
         latest: dict[str, Any] = {}
         for alert in alerts:
             latest[alert.kind] = alert

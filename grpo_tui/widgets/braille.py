@@ -16,6 +16,9 @@ from rich.text import Text
 # Bit of each dot in a braille cell, indexed [column][row] (Unicode braille pattern layout).
 DOTS = ((0x01, 0x02, 0x04, 0x40), (0x08, 0x10, 0x20, 0x80))
 BRAILLE_BASE = 0x2800
+# COLUMN_MASKS[column][top][bottom]: the bits of dot rows top..bottom (inclusive) of one cell column.
+COLUMN_MASKS = tuple(tuple(tuple(sum(DOTS[c][r] for r in range(top, bottom + 1)) for bottom in range(4))
+                           for top in range(4)) for c in range(2))
 AXIS_STYLE = "grey50"
 SWITCH_STYLE = "rgb(255,175,0)"
 
@@ -70,28 +73,14 @@ def render_chart(series: Sequence[Series], width: int, height: int, *, title: Te
     bits = [[0] * cols for _ in range(rows)]
     styles: list[list[str | None]] = [[None] * cols for _ in range(rows)]
 
-    def plot(px: int, py: int, style: str) -> None:
-        if 0 <= px < dot_w and 0 <= py < dot_h:
-            row, col = py // 4, px // 2
-            bits[row][col] |= DOTS[px % 2][py % 4]
-            styles[row][col] = style
-
     sx, sy = (dot_w - 1) / (x1 - x0), (dot_h - 1) / (y1 - y0)
     for s in series:
-        prev: tuple[int, int] | None = None
-        for x, y in zip(s.xs, s.ys):
-            if math.isnan(y):
-                prev = None
-                continue
-            px, py = round((x - x0) * sx), round((y1 - y) * sy)
-            if prev is None:
-                plot(px, py, s.style)
-            else:  # connect to the previous point: a dot every step along the longer axis
-                dx, dy = px - prev[0], py - prev[1]
-                n = max(abs(dx), abs(dy), 1)
-                for i in range(1, n + 1):
-                    plot(prev[0] + round(dx * i / n), prev[1] + round(dy * i / n), s.style)
-            prev = (px, py)
+        for col, (lo, hi) in _column_spans(s, x0, y1, sx, sy, dot_w).items():
+            cell = col // 2
+            for row in range(max(0, lo) // 4, min(dot_h - 1, hi) // 4 + 1):
+                top, bottom = max(lo, row * 4) - row * 4, min(hi, row * 4 + 3) - row * 4
+                bits[row][cell] |= COLUMN_MASKS[col % 2][top][bottom]
+                styles[row][cell] = s.style
     switch_cols = {round((x - x0) * sx) // 2 for x in switches if x0 <= x <= x1}
 
     out = Text(no_wrap=True, overflow="crop")
@@ -121,6 +110,41 @@ def render_chart(series: Sequence[Series], width: int, height: int, *, title: Te
     out.append(" " * label_w + "└", AXIS_STYLE)
     out.append(_x_labels(x0, x1, cols), AXIS_STYLE)
     return out
+
+
+def _column_spans(s: Series, x0: float, y1: float, sx: float, sy: float, dot_w: int) -> dict[int, list[int]]:
+    """For each dot column the series crosses, the lowest and highest dot row of its line there
+    (consecutive points joined; several points in one column merge), so drawing costs one OR per
+    cell rather than one call per dot."""
+    spans: dict[int, list[int]] = {}
+
+    def mark(col: int, ya: float, yb: float) -> None:
+        if not 0 <= col < dot_w:
+            return
+        lo, hi = round(min(ya, yb)), round(max(ya, yb))
+        span = spans.get(col)
+        if span is None:
+            spans[col] = [lo, hi]
+        else:
+            span[0], span[1] = min(span[0], lo), max(span[1], hi)
+
+    prev: tuple[float, float] | None = None
+    for x, y in zip(s.xs, s.ys):
+        if math.isnan(y):
+            prev = None
+            continue
+        px, py = (x - x0) * sx, (y1 - y) * sy
+        if prev is None or round(px) == round(prev[0]):
+            mark(round(px), py, py if prev is None else prev[1])
+        else:  # each column between the two points gets the part of the segment over it
+            (ax, ay), span = prev, px - prev[0]
+            step = 1 if span > 0 else -1
+            for col in range(round(ax), round(px) + step, step):
+                t0 = min(1.0, max(0.0, (col - 0.5 * step - ax) / span))
+                t1 = min(1.0, max(0.0, (col + 0.5 * step - ax) / span))
+                mark(col, ay + (py - ay) * t0, ay + (py - ay) * t1)
+        prev = (px, py)
+    return spans
 
 
 def _x_labels(x0: float, x1: float, cols: int) -> str:

@@ -85,10 +85,23 @@ class CompletionsBrowser(VerticalScroll):
         if tuple(steps) == self.steps:
             return
         self.steps = tuple(steps)
+        if not self.visible_now:  # nothing to draw behind another tab; catch up when shown
+            return
         if self.steps and (self.follow or self.step is None):
             self.show_step(self.steps[-1])
         else:
             self._head()
+
+    visible_now = False
+
+    def shown(self) -> None:
+        """Its tab became active: draw the step it follows (or keeps)."""
+        self.visible_now = True
+        if self.steps:
+            self.show_step(self.steps[-1] if self.follow or self.step is None else self.step)
+
+    def hidden(self) -> None:
+        self.visible_now = False
 
     def move(self, delta: int) -> None:
         """Step back (-1) / forward (+1); big deltas jump to the ends."""

@@ -36,7 +36,11 @@ class GpuMemoryPanel(Static):
             run_peaks: This run's peak MiB per GPU index from the metrics stream (-1: host RSS).
             rank_pids: pid -> rank, to label this run's processes.
         """
-        self.update(render_panel(snapshot, history or {}, run_peaks or {}, rank_pids or {}, self.size.width))
+        panel = render_panel(snapshot, history or {}, run_peaks or {}, rank_pids or {}, self.size.width)
+        # Relayout the screen only when the panel's shape can have changed (GPU count, note, width).
+        shape = (len(getattr(panel, "renderables", ())), getattr(snapshot, "note", None), self.size.width)
+        self.update(panel, layout=shape != getattr(self, "_shape", None))
+        self._shape = shape
 
     def on_resize(self) -> None:
         self.refresh()

@@ -54,6 +54,10 @@ class LossImplToggle(Horizontal):
         self._render_labels()
 
     def _render_labels(self) -> None:
+        key = (self.current, self.pending, self.baseline)
+        if key == getattr(self, "_drawn", None):
+            return
+        self._drawn = key
         on_chunked = self.current == "chunked"
         self.query_one("#impl-baseline", Label).update(Text(self.baseline, "bold" if not on_chunked else "dim"))
         self.query_one("#impl-chunked", Label).update(Text("chunked", "bold green" if on_chunked else "dim"))

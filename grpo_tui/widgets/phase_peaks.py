@@ -21,4 +21,6 @@ class PhasePeaks(Static):
         if not peaks:
             self.update("no per-phase memory in the stream yet")
             return
-        self.update(phase_table(peaks, switch))
+        shape = (tuple(peaks), switch is None, self.size.width)
+        self.update(phase_table(peaks, switch), layout=shape != getattr(self, "_shape", None))
+        self._shape = shape

@@ -53,4 +53,7 @@ class ProgressPanel(Static):
         line2 = Text.assemble(("elapsed ", "dim"), duration(info.elapsed_s), ("   ETA ", "dim"),
                               (duration(info.eta_s) if info.state == "running" else "—", "bold"),
                               ("   steps/s ", "dim"), speed)
-        self.update(Group(line1, line2))
+        # Always two lines: no relayout of the screen unless the width changed.
+        shape = self.size.width
+        self.update(Group(line1, line2), layout=shape != getattr(self, "_shape", None))
+        self._shape = shape
