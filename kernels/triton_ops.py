@@ -103,6 +103,14 @@ def _row_stats_kernel(
         tl.store(target_logit_ptr + row, tl.load(row_ptr + target).to(tl.float32) * inv_t)
 
 
+if HAS_TRITON and not INTERPRET:
+    # Warps per program tuned once per vocabulary width: with 8 warps the pass streamed at ~2.1 TB/s on an
+    # H200 where the in-place gradient pass reaches ~3.8 TB/s (its three block reductions cost more)
+    _row_stats_tuned = triton.autotune(
+        configs=[triton.Config({}, num_warps=w) for w in (2, 4, 8, 16)], key=["n_cols"]
+    )(_row_stats_kernel)
+
+
 def _row_stats_torch(
     logits, stride, targets, part_max, part_sum, part_xsum, target_logit, n_cols, n_seg, inv_t, SEG, BLOCK
 ):
@@ -265,8 +273,10 @@ def row_stats(logits: torch.Tensor, targets: torch.Tensor, inv_t: float) -> tupl
     parts = torch.empty((3, n, n_seg), device=logits.device, dtype=stats_dtype)
     target_logit = torch.empty((n,), device=logits.device, dtype=stats_dtype)
     args = (logits, logits.stride(0), targets, parts[0], parts[1], parts[2], target_logit, n_cols, n_seg, inv_t)
-    if use_triton(logits.device):
-        _row_stats_kernel[(n, n_seg)](*args, SEG=seg, BLOCK=block, num_warps=8)
+    if use_triton(logits.device) and INTERPRET:
+        _row_stats_kernel[(n, n_seg)](*args, SEG=seg, BLOCK=block)
+    elif use_triton(logits.device):
+        _row_stats_tuned[(n, n_seg)](*args, SEG=seg, BLOCK=block)
     else:
         _row_stats_torch(*args, SEG=seg, BLOCK=block)
     return parts, target_logit
