@@ -100,6 +100,10 @@ def grpo_config(preset: Preset, run: RunDir) -> Any:
         # plain k3 estimate. All three loss.impl must compute the same objective (they can be switched
         # live), so the plain KL is used throughout. No effect when beta == 0.
         use_bias_correction_kl=False,
+        # The chunked loss uses the lm_head weight after DDP's forward; with unused-parameter search on
+        # (the Trainer's default without gradient checkpointing), DDP marks lm_head unused at the forward's
+        # end and its gradient then arrives "twice". Every parameter gets a gradient each step anyway.
+        ddp_find_unused_parameters=False,
     )
 
 

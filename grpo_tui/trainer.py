@@ -64,14 +64,23 @@ def lm_head_of(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def full_head_params(head: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The lm_head weight and bias as whole tensors: FSDP2 shards are gathered (only the head, as TRL
-    does); autograd carries the gradient back to the shards."""
-    weight, bias = head.weight, head.bias
-    if hasattr(weight, "full_tensor"):
-        weight = weight.full_tensor()
-    if bias is not None and hasattr(bias, "full_tensor"):
-        bias = bias.full_tensor()
-    return weight, bias
+    """The lm_head weight and bias as whole tensors; under FSDP2 only the head is gathered.
+
+    Inside the root FSDP unit the head is already unsharded after the forward (plain tensors, reduced by
+    FSDP's own backward). When the head is an FSDP unit of its own, its weight is a sharded DTensor here:
+    `full_tensor()` gathers it, and `grad_placements=Partial("avg")` makes the backward a reduce-scatter
+    that averages the ranks' gradients onto the shards, as FSDP does. The default (Replicate) would keep
+    each rank's own gradient, silently unreduced (measured on 2 CPU ranks).
+    """
+    return _full(head.weight), (None if head.bias is None else _full(head.bias))
+
+
+def _full(param: torch.Tensor) -> torch.Tensor:
+    if not hasattr(param, "full_tensor"):
+        return param
+    from torch.distributed.tensor import Partial
+
+    return param.full_tensor(grad_placements=[Partial("avg")] * param.device_mesh.ndim)
 
 
 def naive_logps_and_entropies(logits: torch.Tensor, ids: torch.Tensor, temperature: float):
