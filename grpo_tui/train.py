@@ -165,6 +165,7 @@ class TrainingSession:
         self.trainer: Any = None
         self.stop_reason: str | None = None
         self._sigint = False
+        self._last_reward: dict[str, float] = {}
         self._completions = open(run.completions, "a", encoding="utf-8") if writer is not None else None  # noqa: SIM115
 
     @property
@@ -218,6 +219,13 @@ class TrainingSession:
         if self.writer is None:
             return
         record = {"step": trainer.state.global_step, **logs, "loss_impl": trainer.impl_of_step}
+        # TRL logs rewards only on steps that generate; with num_iterations > 1 a step trains on the previous
+        # generation batch again, so its record repeats that batch's reward (every record has one).
+        for key in ("reward", "reward_std"):
+            if record.get(key) is None and key in self._last_reward:
+                record[key] = self._last_reward[key]
+            elif record.get(key) is not None:
+                self._last_reward[key] = record[key]
         record["memory"] = merge_snapshots(snapshots)
         self.writer.write(record)
         self._write_completions(trainer)

@@ -134,3 +134,28 @@ def test_completions_file(impl_runs: dict, tmp_path: Path, tiny_model_path: Path
     for row in rows:
         assert row["prompt"].endswith("=") and isinstance(row["completion"], str)
         assert 0.0 <= row["rewards"]["addition_partial"] <= 1.0 and isinstance(row["advantage"], float)
+
+
+@pytest.mark.parametrize(
+    "grpo",
+    [
+        # old-policy log-probs from the scoring pass (num_iterations 2), grpo's per-sequence mean, accumulation
+        {"loss_type": "grpo", "num_iterations": 2, "per_device_batch_size": 16, "gradient_accumulation_steps": 2},
+        # sequence-level importance sampling with bnpo and a KL term against the reference model
+        {"loss_type": "bnpo", "importance_sampling_level": "sequence", "num_iterations": 2, "beta": 0.05},
+        {"loss_type": "dr_grpo", "epsilon_high": 0.28},
+    ],
+    ids=["grpo-accum", "bnpo-sequence-kl", "dr_grpo"],
+)
+def test_chunked_matches_naive_across_loss_settings(tiny_model_path: Path, tmp_path: Path, grpo: dict) -> None:
+    results = {}
+    for impl in ("chunked", "naive"):
+        run = make_run(tmp_path, impl, grpo={**grpo, "max_steps": 3, "learning_rate": 3e-3}, loss={"impl": impl})
+        code, steps, _ = run_steps(run)
+        assert code == 0
+        results[impl] = steps
+    for a, b in zip(results["chunked"], results["naive"], strict=True):
+        for key in ("loss", "reward", "grad_norm", "entropy", "clip_ratio/region_mean", "clip_ratio/high_max"):
+            assert a[key] == pytest.approx(b[key], rel=REL, abs=ABS), (a["step"], key)
+        if grpo.get("beta"):
+            assert a["kl"] == pytest.approx(b["kl"], rel=REL, abs=ABS)
