@@ -38,14 +38,20 @@ def load_preset(run: RunDir) -> Preset:
 
 
 def resolve_model(preset: Preset) -> str:
-    """A path or hub id TRL can load; builds the embedded tiny model on first use."""
+    """A path or hub id TRL can load; builds a built-in model (tiny, or a real shape) on first use."""
     from grpo_tui.tiny import BUILTIN_MODEL, ensure_tiny_model
 
     name = preset.model.name_or_path
     if name == BUILTIN_MODEL:
         return str(ensure_tiny_model())
     if name.startswith("builtin:"):
-        raise ValueError(f"model.name_or_path: unknown built-in {name!r}; allowed: {BUILTIN_MODEL}")
+        from grpo_tui.shapes import QWEN3_SHAPES, build_shaped_model
+
+        shape = name.removeprefix("builtin:")
+        if shape not in QWEN3_SHAPES:
+            allowed = ", ".join([BUILTIN_MODEL, *(f"builtin:{s}" for s in QWEN3_SHAPES)])
+            raise ValueError(f"model.name_or_path: unknown built-in {name!r}; allowed: {allowed}")
+        return str(build_shaped_model(shape))
     if preset.model.config_only:
         from grpo_tui.tiny import ensure_random_model
 
@@ -119,7 +125,9 @@ def build_trainer(preset: Preset, run: RunDir, callbacks: list | None = None, on
     state = PartialState()
     with state.main_process_first():
         model_path = resolve_model(preset)
-    if preset.model.name_or_path.startswith("builtin:") and state.device.type == "cpu":
+    from grpo_tui.tiny import BUILTIN_MODEL
+
+    if preset.model.name_or_path == BUILTIN_MODEL and state.device.type == "cpu":
         import torch
 
         # One thread for the tiny model: its matrices are too small to split, and on a busy 2-core machine
