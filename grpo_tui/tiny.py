@@ -25,6 +25,7 @@ import string
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Callable
 
 BUILTIN_MODEL = "builtin:tiny-qwen3"
 CACHE_ENV = "GRPO_TUI_CACHE_DIR"
@@ -167,28 +168,18 @@ def _teacher_forcing_batch(tokenizer, prompts: list[str], answers: list[str]):
     return input_ids, labels
 
 
-def ensure_tiny_model(
-    config: dict | None = None, recipe: WarmStart = DEFAULT_WARM_START, root: Path | None = None
-) -> Path:
-    """Path of the built, warm-started tiny model; builds it on first use.
+def build_once(target: Path, build: Callable[[Path], None]) -> Path:
+    """Run `build(folder)` unless `target` holds a saved model already; returns `target`.
 
     Safe against concurrent builders (several ranks, parallel tests): each builds in a temp folder and
     renames it into place; the loser of the race discards its copy.
     """
-    target = (root or cache_root()) / "models" / cache_key(config, recipe)
     if (target / "config.json").exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
-        tokenizer = build_tokenizer()
-        model = build_model(config, seed=recipe.seed)
-        losses = warm_start(model, tokenizer, recipe)
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        (tmp / "warm_start.json").write_text(
-            json.dumps({"recipe": asdict(recipe), "first_loss": losses[:1], "last_loss": losses[-1:]}, indent=1)
-        )
+        build(tmp)
         try:
             os.replace(tmp, target)
         except OSError:
@@ -197,6 +188,23 @@ def ensure_tiny_model(
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+def ensure_tiny_model(
+    config: dict | None = None, recipe: WarmStart = DEFAULT_WARM_START, root: Path | None = None
+) -> Path:
+    """Path of the built, warm-started tiny model; builds it on first use."""
+
+    def build(folder: Path) -> None:
+        tokenizer = build_tokenizer()
+        model = build_model(config, seed=recipe.seed)
+        losses = warm_start(model, tokenizer, recipe)
+        model.save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+        record = {"recipe": asdict(recipe), "first_loss": losses[:1], "last_loss": losses[-1:]}
+        (folder / "warm_start.json").write_text(json.dumps(record, indent=1))
+
+    return build_once((root or cache_root()) / "models" / cache_key(config, recipe), build)
 
 
 def ensure_random_model(model_id: str, trust_remote_code: bool = False, seed: int = 0) -> Path:
@@ -210,25 +218,14 @@ def ensure_random_model(model_id: str, trust_remote_code: bool = False, seed: in
 
     config = AutoConfig.from_pretrained(model_id, trust_remote_code=trust_remote_code)
     digest = hashlib.sha256(f"{config.to_json_string()}|{seed}|{BUILDER_VERSION}".encode()).hexdigest()[:16]
-    target = cache_root() / "models" / f"random-{digest}"
-    if (target / "config.json").exists():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-    try:
+
+    def build(folder: Path) -> None:
         torch.manual_seed(seed)
-        model = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
-        model.save_pretrained(tmp)
+        AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code).save_pretrained(folder)
         try:
             tokenizer = AutoTokenizer.from_pretrained(model_id, trust_remote_code=trust_remote_code)
         except (OSError, ValueError):
             tokenizer = build_tokenizer()
-        tokenizer.save_pretrained(tmp)
-        try:
-            os.replace(tmp, target)
-        except OSError:
-            if not (target / "config.json").exists():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return target
+        tokenizer.save_pretrained(folder)
+
+    return build_once(cache_root() / "models" / f"random-{digest}", build)

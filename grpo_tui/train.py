@@ -362,7 +362,11 @@ def _report_failure(exc: BaseException, writer: MetricsWriter | None, session: A
         phase = (phases.failed_phase or phases.current) if phases is not None else None
         step = session.step if session is not None else None
         memory = session.memory_now() if session is not None else {}
-        message = f"out of memory in the {phase or 'unknown'} phase at step {step}"
+        message = (
+            f"out of memory in the {phase or 'unknown'} phase at step {step}; try a smaller "
+            "grpo.per_device_batch_size (with more grpo.gradient_accumulation_steps), loss.impl = chunked, "
+            "or peft.enabled = true"
+        )
         if writer is not None:
             writer.event("oom", phase=phase, step=step, memory=memory, message=message)
         print(f"grpo-tui: {message}", file=sys.stderr)
