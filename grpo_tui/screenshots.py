@@ -60,7 +60,7 @@ def real_runs(workdir: Path, steps: int, switch_at: int) -> tuple[Path, Path]:
     print(f"run A (chunked → {baseline}): {run_a.path}", flush=True)
     _wait_step(run_a.path, switch_at, timeout=600)
     RunDir(run_a.path).request(loss_impl=baseline)
-    _wait_step(run_a.path, switch_at + (steps - switch_at) // 3, timeout=600)
+    _wait_step(run_a.path, switch_at + (steps - switch_at) // 4, timeout=600)
     return run_a.path, run_b.path
 
 
@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="grpo-tui screenshots", description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("screenshots"), help="folder for the SVG/PNG files")
     parser.add_argument("--recorded", action="store_true", help="use the recorded fixture instead of real runs")
-    parser.add_argument("--steps", type=int, default=120, help="steps of the real run captured live")
+    parser.add_argument("--steps", type=int, default=600, help="steps of the real run captured live")
     parser.add_argument("--keep", action="store_true", help="keep the temporary run folders")
     args = parser.parse_args(argv)
     out = args.out.resolve()

@@ -60,7 +60,9 @@ def comparison_table(data: CompareData) -> Table:
 
     def row(label: str, va: float | None, vb: float | None, fmt, lower_is_better: bool = True) -> None:  # type: ignore[no-untyped-def]
         delta = Text("—", "dim")
-        if va is not None and vb is not None:
+        if va is not None and vb is not None and abs(vb - va) <= 0.005 * max(abs(va), abs(vb)):
+            delta = Text("≈ same", "dim")  # under half a percent: noise, not a difference
+        elif va is not None and vb is not None:
             diff = vb - va
             good = (diff < 0) == lower_is_better
             pct = f" ({diff / va:+.0%})" if va else ""

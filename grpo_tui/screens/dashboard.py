@@ -183,6 +183,7 @@ class DashboardScreen(Screen[None]):
         self.query_one(RewardChart).show_reward(xs, mean, std, charts.funcs, charts.switches)
         for chart in self.query(".metric-chart").results(MetricChart):
             cx, cy = charts.metrics.get(chart.title, ([], []))
+            chart.empty_hint = "not logged by this run" if xs else "no data yet"
             chart.show(cx, cy, charts.switches)
 
     def _draw_logs(self, lines: tuple[str, ...]) -> None:

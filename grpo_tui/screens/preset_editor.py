@@ -71,6 +71,7 @@ class PresetEditorScreen(Screen[str | None]):
         self.preset = preset
         self.data = preset.model_dump(mode="json")
         self.valid: Preset | None = preset
+        self.hints: dict[str, str] = {}  # widget id -> the field's description, shown when valid
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -81,7 +82,7 @@ class PresetEditorScreen(Screen[str | None]):
             yield from self._row("description", "description", self.preset.description, str)
             for section in SECTIONS:
                 model: type[BaseModel] = type(getattr(self.preset, section))
-                yield Label(f"[{section}]", classes="form-section")
+                yield Label(Text(f"[{section}]"), classes="form-section")  # Text: brackets are not markup
                 for key, field in model.model_fields.items():
                     dotted = f"{section}.{key}"
                     yield from self._row(dotted, key, self.data[section][key], field.annotation,
@@ -101,7 +102,8 @@ class PresetEditorScreen(Screen[str | None]):
                 yield Select(options, value=value, allow_blank=False, id=widget_id, classes="form-field")
             else:
                 yield Input(_text_of(value), id=widget_id, classes="form-field", tooltip=hint or None)
-            yield Label("", id=f"err-{widget_id}", classes="form-error")
+            self.hints[widget_id] = hint
+            yield Label(Text(hint, "dim"), id=f"err-{widget_id}", classes="form-error")
 
     def _collect(self) -> dict[str, Any]:
         data = self.preset.model_dump(mode="json")
@@ -121,7 +123,7 @@ class PresetEditorScreen(Screen[str | None]):
     def validate_form(self) -> list[str]:
         """Validate everything; put each error beside its field; return all error lines."""
         for label in self.query(".form-error"):
-            label.update("")  # type: ignore[attr-defined]
+            label.update(Text(self.hints.get(str(label.id)[4:], ""), "dim"))  # type: ignore[attr-defined]
         self.valid = None
         data = self._collect()
         errors: list[str] = []

@@ -55,14 +55,14 @@ def _bounds(series: Sequence[Series]) -> tuple[float, float, float, float] | Non
 
 
 def render_chart(series: Sequence[Series], width: int, height: int, *, title: Text | str = "",
-                 switches: Sequence[float] = ()) -> Text:
+                 switches: Sequence[float] = (), empty: str = "no data yet") -> Text:
     """A chart `width` x `height` cells: title line, plot with a y axis, x labels (steps)."""
     title_text = title if isinstance(title, Text) else Text(title, style="bold")
     title_text = title_text.copy()
     title_text.truncate(width)
     bounds = _bounds(series)
     if bounds is None or width < 12 or height < 4:
-        return Text.assemble(title_text, "\n", ("no data yet", "dim"))
+        return Text.assemble(title_text, "\n", (empty, "dim"))
     x0, x1, y0, y1 = bounds
     labels = [_fmt(y1), _fmt((y0 + y1) / 2), _fmt(y0)]
     label_w = max(len(s) for s in labels)

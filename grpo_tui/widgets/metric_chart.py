@@ -17,7 +17,7 @@ class MetricChart(Widget):
     """A line chart of one series; `show` replaces what is drawn (it never appends)."""
 
     DEFAULT_CSS = """
-    MetricChart { height: 1fr; min-height: 6; }
+    MetricChart { width: 1fr; height: 1fr; min-height: 6; }
     """
 
     def __init__(self, title: str, *, id: str | None = None, classes: str | None = None) -> None:  # noqa: A002
@@ -26,6 +26,7 @@ class MetricChart(Widget):
         self.xs: list[float] = []
         self.ys: list[float] = []
         self.switches: list[float] = []
+        self.empty_hint = "no data yet"  # the dashboard says "not logged" once the run has steps
 
     def show(self, xs: Sequence[float], ys: Sequence[float], switches: Sequence[float] = ()) -> None:
         """Draw `ys` over `xs` (already downsampled by the caller) with a rule at each switch."""
@@ -41,4 +42,4 @@ class MetricChart(Widget):
 
     def render(self) -> RenderResult:
         return render_chart(self.series(), self.size.width, self.size.height, title=self.chart_title(),
-                            switches=self.switches)
+                            switches=self.switches, empty=self.empty_hint)

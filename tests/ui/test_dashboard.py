@@ -27,6 +27,14 @@ from grpo_tui.widgets.reward_chart import RewardChart
 pytestmark = pytest.mark.anyio
 
 
+@pytest.fixture
+def live_run(runs_dir: Path) -> Path:
+    """10 steps so far, run.json naming a live process (this test's)."""
+    run = make_run(runs_dir / "live", steps=10, finished=False).path
+    mark_running(run)
+    return run
+
+
 async def open_dashboard(app, pilot, run: Path) -> DashboardScreen:  # noqa: ANN001
     app.open_run(run)
     await wait_for(pilot, lambda: isinstance(app.screen, DashboardScreen) and app.screen.updates > 0)
@@ -100,9 +108,8 @@ async def test_live_run_updates_as_steps_arrive(app_factory, runs_dir) -> None:
         assert run in app.live_runs
 
 
-async def test_t_and_the_switch_write_control_json(app_factory, runs_dir) -> None:
-    run = make_run(runs_dir / "live", steps=10, finished=False).path
-    mark_running(run)
+async def test_t_and_the_switch_write_control_json(app_factory, live_run) -> None:
+    run = live_run
     app = app_factory(clock=time.time)
     async with app.run_test(size=SIZE) as pilot:
         screen = await open_dashboard(app, pilot, run)
@@ -120,9 +127,8 @@ async def test_t_and_the_switch_write_control_json(app_factory, runs_dir) -> Non
         assert json.loads(control.read_text())["request_id"] == 3
 
 
-async def test_the_switch_event_clears_pending_and_is_marked(app_factory, runs_dir) -> None:
-    run = make_run(runs_dir / "live", steps=10, finished=False).path
-    mark_running(run)
+async def test_the_switch_event_clears_pending_and_is_marked(app_factory, live_run) -> None:
+    run = live_run
     app = app_factory(clock=time.time)
     async with app.run_test(size=SIZE) as pilot:
         screen = await open_dashboard(app, pilot, run)
@@ -216,9 +222,8 @@ async def test_alerts_show_in_place_and_in_the_list(app_factory, runs_dir) -> No
         assert "alert" in plain(screen.query_one("#run-title"))
 
 
-async def test_escape_leaves_the_run_going_and_q_asks_about_live_runs(app_factory, runs_dir) -> None:
-    run = make_run(runs_dir / "live", steps=10, finished=False).path
-    mark_running(run)
+async def test_escape_leaves_the_run_going_and_q_asks_about_live_runs(app_factory, live_run) -> None:
+    run = live_run
     app = app_factory(clock=time.time)
     async with app.run_test(size=SIZE) as pilot:
         await open_dashboard(app, pilot, run)
@@ -234,9 +239,8 @@ async def test_escape_leaves_the_run_going_and_q_asks_about_live_runs(app_factor
     assert not (run / "control.json").exists()
 
 
-async def test_quit_can_stop_the_live_run(app_factory, runs_dir) -> None:
-    run = make_run(runs_dir / "live", steps=10, finished=False).path
-    mark_running(run)
+async def test_quit_can_stop_the_live_run(app_factory, live_run) -> None:
+    run = live_run
     app = app_factory(clock=time.time)
     async with app.run_test(size=SIZE) as pilot:
         await open_dashboard(app, pilot, run)

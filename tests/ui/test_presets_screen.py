@@ -129,7 +129,7 @@ async def test_editor_validates_inline_and_saves_a_user_preset(app_factory, tmp_
         assert "built-in" in plain(editor.query_one("#err-f-name"))
         editor.query_one("#f-name", Input).value = "my-tiny"
         await pilot.pause()
-        assert plain(editor.query_one("#err-f-grpo--num_generations")) == ""
+        assert plain(editor.query_one("#err-f-grpo--num_generations")).strip() == ""
         await pilot.press("ctrl+s")
         await wait_for(pilot, lambda: isinstance(app.screen, PresetScreen))
         saved = tmp_path / "user-presets" / "my-tiny.toml"
