@@ -19,11 +19,13 @@ def reference_logprobs(
     *,
     bias: torch.Tensor | None = None,
     temperature: float = 1.0,
+    logits_dtype: torch.dtype | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-probs of `ids` (differentiable) and entropies (detached) from full logits.
 
     The logits GEMM runs in the inputs' dtype; the softmax in fp32 (fp64 for fp64 inputs), as TRL did
-    before its fused head.
+    before its fused head. `logits_dtype` rounds the logits to that dtype first (gradients pass straight
+    through): an fp64 reference of a head that stores its logits in bf16, as every bf16 head does.
 
     Returns:
         (log-probs, entropies), each of shape ids.shape.
@@ -31,6 +33,8 @@ def reference_logprobs(
     logits = hidden @ weight.t()
     if bias is not None:
         logits = logits + bias
+    if logits_dtype is not None:
+        logits = logits.to(logits_dtype).to(hidden.dtype)
     logits = logits.to(torch.float64 if hidden.dtype == torch.float64 else torch.float32)
     if temperature != 1.0:
         logits = logits / temperature
@@ -59,8 +63,12 @@ def reference_grpo_loss(
     max_completion_length: int | None = None,
     num_items_in_batch: float | torch.Tensor | None = None,
     importance_sampling_level: str = "token",
+    logits_dtype: torch.dtype | None = None,
 ) -> tuple[torch.Tensor, GrpoMetrics]:
-    """Same contract as `grpo_kernels.fused_linear_grpo_loss`, computed from materialised logits."""
+    """Same contract as `grpo_kernels.fused_linear_grpo_loss`, computed from materialised logits.
+
+    `logits_dtype`: see `reference_logprobs`.
+    """
     check_head(hidden, weight, completion_ids, bias)
     check_loss_args(
         hidden, completion_mask, advantages, old_logps, ref_logps, beta=beta, epsilon_low=epsilon_low,
@@ -68,7 +76,9 @@ def reference_grpo_loss(
         max_completion_length=max_completion_length, importance_sampling_level=importance_sampling_level,
         chunk_tokens=None,
     )  # fmt: skip
-    logps, entropies = reference_logprobs(hidden, weight, completion_ids, bias=bias, temperature=temperature)
+    logps, entropies = reference_logprobs(
+        hidden, weight, completion_ids, bias=bias, temperature=temperature, logits_dtype=logits_dtype
+    )
     mask = completion_mask.to(logps.dtype)
     loss_tok, stats = per_token_loss(
         logps, old_logps, ref_logps, advantages.to(logps.dtype).unsqueeze(1), mask, beta=beta,
