@@ -75,6 +75,7 @@ class DashboardScreen(Screen[None]):
         self._drawn_generation = -1
         self._stop_requests = 0
         self._stop_event = threading.Event()
+        self._alerts_seen: int | None = None
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -156,6 +157,11 @@ class DashboardScreen(Screen[None]):
             phases_box.border_subtitle = view.switch_label or ""
         self.query_one(AlertBanner).show(view.active_alerts)
         self.query_one(AlertsPanel).show(view.alerts)
+        if self._alerts_seen is not None:  # flash what is new (not the history of a run just opened)
+            for alert in view.alerts[self._alerts_seen:]:
+                self.notify(alert.message, title=f"⚠ {alert.kind} at step {alert.step}",
+                            severity="error" if alert.severity == "error" else "warning", timeout=8)
+        self._alerts_seen = len(view.alerts)
         self._draw_logs(view.log_lines)
         if view.generation != self._drawn_generation:
             self._drawn_generation = view.generation

@@ -64,6 +64,8 @@ class PresetEditorScreen(Screen[str | None]):
     BINDINGS = [
         Binding("ctrl+s", "save", "Save as user preset", priority=True, id="editor.save"),
         Binding("escape", "cancel", "Cancel", id="editor.cancel"),
+        # q outside a text field must not quit the app and lose the form.
+        Binding("q", "hold_quit", "Quit (after the editor)", show=False, id="editor.quit"),
     ]
 
     def __init__(self, preset: Preset) -> None:
@@ -139,9 +141,8 @@ class PresetEditorScreen(Screen[str | None]):
                         target.first().update(Text(line.split(": ", 1)[-1], "red"))  # type: ignore[attr-defined]
                         break
         name = data["name"]
-        if not PRESET_NAME_RE.match(name or ""):
-            errors.append(f"name: got {name!r}; letters, digits, '.', '_' or '-' (at most 64)")
-        elif any(e.name == name and e.origin == "built-in" for e in preset_store.list_presets()):
+        # The schema already checks the name's characters; a clash with a built-in is ours to refuse.
+        if PRESET_NAME_RE.match(name or "") and any(e.name == name and e.origin == "built-in" for e in preset_store.list_presets()):
             errors.append(f"name: {name!r} is a built-in preset; pick a new name")
             self.query_one("#err-f-name", Label).update(Text("a built-in has this name", "red"))
         status = self.query_one("#editor-status", Static)
@@ -174,6 +175,9 @@ class PresetEditorScreen(Screen[str | None]):
             return
         self.notify(f"Saved {path}", title=f"Preset {self.valid.name}")
         self.dismiss(self.valid.name)
+
+    def action_hold_quit(self) -> None:
+        self.notify("Save with ctrl+s or leave with Esc first; then q quits.", severity="warning")
 
     def action_cancel(self) -> None:
         self.dismiss(None)

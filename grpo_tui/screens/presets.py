@@ -170,6 +170,10 @@ class PresetScreen(Screen[None]):
         text = Text("\n").join(lines) if lines else Text("✓ all pre-launch checks pass", "green")
         self.app.call_from_thread(self.query_one("#preset-checks", Static).update, text)
 
+    def on_data_table_row_selected(self) -> None:
+        # Enter is the screen's (priority) binding, so this comes from a mouse click on a run's row.
+        self.app.action_open_run(self.query_one(RunsTable))  # type: ignore[attr-defined]
+
     def action_enter(self) -> None:
         focused = self.focused
         if isinstance(focused, DataTable):

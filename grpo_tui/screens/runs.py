@@ -35,6 +35,10 @@ class RunsScreen(Screen[None]):
         self.sub_title = "Runs"
         self.query_one(RunsTable).focus()
 
+    def on_data_table_row_selected(self) -> None:
+        # Enter is the screen's (priority) binding, so this comes from a mouse click on a row.
+        self.action_open()
+
     def action_open(self) -> None:
         self.app.action_open_run(self.query_one(RunsTable))  # type: ignore[attr-defined]
 

@@ -41,11 +41,11 @@ def render_groups(step: int, groups: Sequence[PromptGroup]) -> Group | Text:
             adv = item.advantage
             adv_text = Text("n/a" if adv is None else f"{adv:+.3f}",
                             "green" if (adv or 0) > 0 else "red" if (adv or 0) < 0 else "dim")
-            cells = [str(i), item.text.replace("\n", "⏎")]
+            cells = [str(i), item.text.replace("\n", "\\n")]
             cells += [_reward_cell(rewards.get(name)) for name in funcs]
             table.add_row(*cells, adv_text)
         head = Text.assemble((f"group {gi + 1}/{len(groups)} ", "bold"), ("prompt: ", "dim"),
-                             (prompt.replace("\n", "⏎")[:200], "italic"))
+                             (prompt.replace("\n", "\\n")[:200], "italic"))
         parts.extend([head, table, Text("")])
     return Group(*parts)
 

@@ -15,7 +15,7 @@ import pytest
 from textual.widgets import Switch, TabbedContent
 from ui_support import SIZE, FakeMonitor, gpu_snapshot, mark_running, plain, wait_for
 
-from grpo_tui.demo import LiveWriter, make_run, step_record
+from grpo_tui.demo import T0, LiveWriter, make_run, step_record
 from grpo_tui.screens.confirm import ConfirmScreen, QuitScreen
 from grpo_tui.screens.dashboard import DashboardScreen
 from grpo_tui.screens.presets import PresetScreen
@@ -270,3 +270,18 @@ async def test_app_reattaches_to_a_running_run_on_start(app_factory, runs_dir, r
     async with app.run_test(size=SIZE) as pilot:
         await wait_for(pilot, lambda: isinstance(app.screen, DashboardScreen))
         assert app.screen.run_path == run
+
+
+async def test_a_new_alert_on_a_live_run_is_flashed(app_factory, live_run) -> None:
+    app = app_factory(clock=lambda: T0 + 12.0)  # just after the recorded steps: no stall
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await open_dashboard(app, pilot, live_run)
+        assert not screen.view.alerts
+        rng = random.Random(2)
+        with open(live_run / "metrics.jsonl", "a") as handle:
+            for step in range(11, 21):
+                record = step_record(step, rng)
+                record["frac_reward_zero_std"] = 1.0
+                handle.write(json.dumps(record) + "\n")
+        await wait_for(pilot, lambda: len(screen.view.alerts) > 0)
+        await wait_for(pilot, lambda: any("at step" in str(n.title) for n in app._notifications))

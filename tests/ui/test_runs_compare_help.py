@@ -103,3 +103,66 @@ async def test_q_quits_at_once_without_live_runs(app_factory) -> None:
         await pilot.pause()
         await pilot.press("q")
         await wait_for(pilot, lambda: not app.is_running)
+
+
+def test_the_ui_never_imports_torch() -> None:
+    """Start-up stays fast: the app, every screen and the pre-launch checks import no torch/transformers."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "import grpo_tui.app\n"
+        "from grpo_tui.app import binding_owners\n"
+        "binding_owners()\n"
+        "import grpo_tui.screens.dashboard_feed, grpo_tui.screenshots\n"
+        "from grpo_tui.checks import check_preset\n"
+        "from grpo_tui.preset_store import load_preset\n"
+        "check_preset(load_preset('tiny-cpu')[0])\n"
+        "print(sorted(m for m in ('torch', 'transformers', 'trl', 'accelerate') if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize(("key", "answer"), [("y", True), ("enter", True), ("n", False), ("escape", False)])
+async def test_confirm_dialog_keys(app_factory, key: str, answer: bool) -> None:
+    from grpo_tui.screens.confirm import ConfirmScreen
+
+    app = app_factory()
+    answers: list[bool] = []
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        app.push_screen(ConfirmScreen("Stop this run?"), answers.append)
+        await pilot.pause()
+        await pilot.press(key)
+        await wait_for(pilot, lambda: answers == [answer])
+        assert isinstance(app.screen, PresetScreen)
+
+
+async def test_presets_c_and_f5(app_factory, tmp_path) -> None:
+    app = app_factory()
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        user = tmp_path / "user-presets"
+        user.mkdir()
+        (user / "extra.toml").write_text('description = "added while the app runs"\n')
+        assert "extra" not in [e.name for e in app.screen.entries]
+        await pilot.press("f5")
+        assert "extra" in [e.name for e in app.screen.entries]
+        assert app.screen.selected_name == "tiny-cpu"  # the selection survives a reload
+        await pilot.press("c")
+        assert isinstance(app.screen, CompareScreen)
+
+
+async def test_a_click_on_a_run_opens_it(app_factory, recorded_run) -> None:
+    app = app_factory()
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        await pilot.press("r")
+        table = app.screen.query_one(RunsTable)
+        await wait_for(pilot, lambda: len(table.runs) == 1)
+        await pilot.click(RunsTable, offset=(10, 1))  # the first row (row 0 is the header)
+        await pilot.click(RunsTable, offset=(10, 1))
+        await wait_for(pilot, lambda: isinstance(app.screen, DashboardScreen))
+        assert app.screen.run_path == recorded_run
