@@ -227,6 +227,17 @@ def table(records: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _int_list(text: str, option: str) -> list[int]:
+    """Parse "8,32,64" into positive ints; ValueError with a one-line message otherwise."""
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"{option}: expected comma-separated positive integers, got {text!r}") from None
+    if any(v <= 0 for v in values):
+        raise ValueError(f"{option}: expected comma-separated positive integers, got {text!r}")
+    return values
+
+
 def main(argv: list[str] | None = None) -> int:
     """CLI entry point; returns the exit status."""
     ap = argparse.ArgumentParser(prog="grpo-tui bench kernel", description=__doc__.splitlines()[0])
@@ -243,19 +254,28 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-check", action="store_true", help="skip the correctness check of ours vs naive")
     ap.add_argument("--profile", default="", help="also time each stage of one chunk at these sizes, e.g. 1024,4096")
     ap.add_argument("--out", default=None, help="write JSON results here")
-    args = ap.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("grpo-tui bench kernel: needs a CUDA GPU (none found)", file=sys.stderr)
-        return 2
+    try:
+        args = ap.parse_args(argv)
+    except SystemExit as exc:  # argparse already printed a one-line error
+        return int(exc.code or 0)
     providers = [p.strip() for p in args.providers.split(",") if p.strip()]
     bad = [p for p in providers if p not in PROVIDERS]
     if bad:
         print(f"--providers: unknown {', '.join(bad)}; allowed: {', '.join(PROVIDERS)}", file=sys.stderr)
         return 2
-    sweep = [("chunked", int(c)) for c in args.sweep_chunks.split(",") if c.strip()]
-    sweep += [("chunked-lean", int(c)) for c in args.sweep_lean.split(",") if c.strip()]
+    try:
+        batches = _int_list(args.batch, "--batch")
+        sweep = [("chunked", c) for c in _int_list(args.sweep_chunks, "--sweep-chunks")]
+        sweep += [("chunked-lean", c) for c in _int_list(args.sweep_lean, "--sweep-lean")]
+        profile_rows = _int_list(args.profile, "--profile")
+    except ValueError as exc:
+        print(str(exc), file=sys.stderr)
+        return 2
+    if not torch.cuda.is_available():
+        print("grpo-tui bench kernel: needs a CUDA GPU (none found)", file=sys.stderr)
+        return 2
     records, checks = [], []
-    for batch in (int(b) for b in args.batch.split(",")):
+    for batch in batches:
         inp = make_inputs(batch, args.seq, args.hidden, args.vocab)
         tokens = batch * args.seq
         runs = [(p, args.chunk_tokens, p) for p in providers] + [(f"{p}-c{c}", c, p) for p, c in sweep]
@@ -288,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
         del inp
         torch.cuda.empty_cache()
     profiles = []
-    for rows in (int(c) for c in args.profile.split(",") if c.strip()):
+    for rows in profile_rows:
         profiles.append(profile_chunk(rows, args.hidden, args.vocab))
         print(json.dumps({k: round(v, 4) for k, v in profiles[-1].items()}), flush=True)
     result = {

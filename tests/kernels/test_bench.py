@@ -1,0 +1,56 @@
+"""The kernel benchmark's CLI contract and table, on CPU (the timing itself needs CUDA)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from grpo_kernels import bench
+
+
+def test_bad_options_give_one_line_errors(capsys):
+    assert bench.main(["--providers", "floor,fast"]) == 2
+    assert "--providers: unknown fast" in capsys.readouterr().err
+    assert bench.main(["--batch", "8,x"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("--batch:") and "\n" not in err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message shown without CUDA")
+def test_without_cuda_says_so(capsys):
+    assert bench.main(["--batch", "8"]) == 2
+    assert "needs a CUDA GPU" in capsys.readouterr().err
+
+
+def test_table_has_ratios_to_floor_and_trl():
+    recs = [
+        {"provider": "floor", "batch": 8, "tokens": 4096, "ms": 5.0, "extra_peak_mib": 1500.0},
+        {"provider": "trl", "batch": 8, "tokens": 4096, "ms": 9.0, "extra_peak_mib": 1170.0},
+        {"provider": "liger", "batch": 8, "tokens": 4096, "ms": None, "extra_peak_mib": None, "error": "OOM"},
+        {"provider": "chunked", "batch": 8, "tokens": 4096, "ms": 6.0, "extra_peak_mib": 1000.0},
+    ]
+    lines = bench.table(recs).splitlines()
+    assert lines[0] == "| batch (tokens) | floor | trl | liger | chunked |"
+    assert "| 8 (4,096) |" in lines[2] and "OOM" in lines[2]
+    assert "6.0 ms / 1,000 MiB (1.20x floor, 1.50x faster than trl)" in lines[2]
+
+
+def test_providers_agree_on_cpu():
+    # What is timed is what is tested: the bench's closures for naive, trl and ours give one loss and gradient
+    g = torch.Generator().manual_seed(0)
+    B, T, H, V = 2, 6, 16, 50
+    inp = dict(
+        hidden=torch.randn(B, T, H, generator=g).requires_grad_(),
+        weight=(torch.randn(V, H, generator=g) * 0.3).requires_grad_(),
+        ids=torch.randint(0, V, (B, T), generator=g), mask=torch.ones(B, T, dtype=torch.long),
+        adv=torch.randn(B, generator=g), ref=-torch.rand(B, T, generator=g) * 3 - 2,
+    )  # fmt: skip
+    out = {}
+    for provider in ("naive", "trl", "chunked", "chunked-lean"):
+        loss = bench.loss_fn(provider, inp, 0.04, chunk_tokens=4)()
+        loss.backward()
+        out[provider] = (loss.detach(), inp["hidden"].grad.clone(), inp["weight"].grad.clone())
+        inp["hidden"].grad = inp["weight"].grad = None
+    for provider in ("trl", "chunked", "chunked-lean"):
+        for a, b in zip(out[provider], out["naive"]):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
