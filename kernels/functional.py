@@ -117,6 +117,17 @@ class _LossWithGrads(torch.autograd.Function):
         return None, out[0], out[1], out[2], None
 
 
+def _autocast_inputs(hidden, weight, bias):
+    # Under autocast the model's own lm_head would run in the autocast dtype: do the same (the casts are
+    # differentiable, so fp32 master weights still get their gradient), then run with autocast off
+    dev = hidden.device.type
+    if not torch.is_autocast_enabled(dev):
+        return hidden, weight, bias
+    dtype = torch.get_autocast_dtype(dev)
+    cast = lambda t: t if t is None or t.dtype == dtype or not t.is_floating_point() else t.to(dtype)  # noqa: E731
+    return cast(hidden), cast(weight), cast(bias)
+
+
 def fused_linear_grpo_loss(
     hidden: torch.Tensor,
     weight: torch.Tensor,
@@ -158,9 +169,30 @@ def fused_linear_grpo_loss(
         lean: accumulate the weight gradient in the weight's dtype and use half-size chunks: less
             memory, but each chunk's partial dW is rounded to bf16 before the sum.
 
+    Under autocast, hidden, weight and bias are cast to the autocast dtype first (as the model's own
+    lm_head would be); gradients flow back through the casts. Otherwise their dtypes must match.
+
     Returns:
         (scalar loss: fp32, fp64 for fp64 inputs; GrpoMetrics).
     """
+    if isinstance(hidden, torch.Tensor) and isinstance(weight, torch.Tensor):
+        hidden, weight, bias = _autocast_inputs(hidden, weight, bias)
+    with torch.autocast(hidden.device.type if isinstance(hidden, torch.Tensor) else "cpu", enabled=False):
+        return _fused_linear_grpo_loss(
+            hidden, weight, completion_ids, completion_mask, advantages, bias=bias, old_logps=old_logps,
+            ref_logps=ref_logps, beta=beta, epsilon_low=epsilon_low, epsilon_high=epsilon_high, loss_type=loss_type,
+            temperature=temperature, max_completion_length=max_completion_length,
+            num_items_in_batch=num_items_in_batch, importance_sampling_level=importance_sampling_level,
+            chunk_tokens=chunk_tokens, lean=lean,
+        )  # fmt: skip
+
+
+def _fused_linear_grpo_loss(
+    hidden, weight, completion_ids, completion_mask, advantages, *, bias, old_logps, ref_logps, beta, epsilon_low,
+    epsilon_high, loss_type, temperature, max_completion_length, num_items_in_batch, importance_sampling_level,
+    chunk_tokens, lean,
+):  # fmt: skip
+    """`fused_linear_grpo_loss` with autocast resolved."""
     check_head(hidden, weight, completion_ids, bias)
     check_loss_args(
         hidden, completion_mask, advantages, old_logps, ref_logps, beta=beta, epsilon_low=epsilon_low,
@@ -242,16 +274,19 @@ def selective_logprobs(
     Returns:
         fp32 log-probs of shape ids.shape (fp64 for fp64 inputs), and the entropies if asked.
     """
+    if isinstance(hidden, torch.Tensor) and isinstance(weight, torch.Tensor):
+        hidden, weight, bias = _autocast_inputs(hidden, weight, bias)
     check_head(hidden, weight, ids, bias)
     if not temperature > 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
     if chunk_tokens is not None and (not isinstance(chunk_tokens, int) or chunk_tokens <= 0):
         raise ValueError(f"chunk_tokens must be a positive int or None, got {chunk_tokens!r}")
     rows = chunk_tokens or default_chunk_tokens(weight.shape[0], hidden.dtype)
-    logps, entropies, *_ = _chunk_loop(
-        hidden.reshape(-1, hidden.shape[-1]), weight, bias, ids.reshape(-1).long(), inv_t=1.0 / temperature,
-        rows_per_chunk=rows, token_grad=None, seq_grad=None, want=(False, False, False), lean=False,
-    )  # fmt: skip
+    with torch.autocast(hidden.device.type, enabled=False):
+        logps, entropies, *_ = _chunk_loop(
+            hidden.reshape(-1, hidden.shape[-1]), weight, bias, ids.reshape(-1).long(), inv_t=1.0 / temperature,
+            rows_per_chunk=rows, token_grad=None, seq_grad=None, want=(False, False, False), lean=False,
+        )  # fmt: skip
     if return_entropy:
         return logps.view(ids.shape), entropies.view(ids.shape)
     return logps.view(ids.shape)

@@ -146,3 +146,20 @@ def test_closed_form_token_grad_equals_autograd(on_policy, beta):
     want = torch.autograd.grad((loss * w).sum(), x)[0]
     got = token_level_grad(lp, old, ref, adv, w, beta=beta, epsilon_low=0.2, epsilon_high=0.28)
     torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-15)
+
+
+def test_autocast_casts_like_the_model_head(make_inputs):
+    # fp32 master weights and bf16 hidden states under autocast: computed in bf16, grads reach the fp32 leaves
+    inp = make_inputs(V=64, bias=False)
+    h = inp["hidden"].bfloat16().requires_grad_()
+    w = inp["weight"].float().requires_grad_()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss, m = fused_linear_grpo_loss(h, w, inp["ids"], inp["mask"], inp["adv"].float(), chunk_tokens=5)
+        lp = selective_logprobs(h, w, inp["ids"])
+    loss.backward()
+    assert w.grad.dtype == torch.float32 and h.grad.dtype == torch.bfloat16
+    ref, _ = reference_grpo_loss(h.detach().double(), w.detach().bfloat16().double(), inp["ids"], inp["mask"], inp["adv"])
+    assert ((loss.double() - ref).abs() / ref.abs()).item() < 2e-3
+    torch.testing.assert_close(lp, m.logps)
+    with pytest.raises(ValueError, match="weight dtype"):
+        fused_linear_grpo_loss(h, w, inp["ids"], inp["mask"], inp["adv"].float())
