@@ -19,7 +19,6 @@ import json
 import os
 import signal
 import sys
-import time
 import tomllib
 import traceback
 from pathlib import Path
@@ -367,14 +366,23 @@ def _report_failure(exc: BaseException, writer: MetricsWriter | None, session: A
             "grpo.per_device_batch_size (with more grpo.gradient_accumulation_steps), loss.impl = chunked, "
             "or peft.enabled = true"
         )
-        if writer is not None:
-            writer.event("oom", phase=phase, step=step, memory=memory, message=message)
+        # Any rank may run out; a non-main rank appends its one event itself (the main one may be stuck
+        # waiting for it in a collective).
+        oom_writer = writer
+        if oom_writer is None and session is not None:
+            oom_writer = MetricsWriter(session.run_dir.metrics)
+        if oom_writer is not None:
+            rank = session.state.process_index if session is not None else 0
+            oom_writer.event("oom", phase=phase, step=step, memory=memory, message=message, rank=rank)
+            if oom_writer is not writer:
+                oom_writer.close()
         print(f"grpo-tui: {message}", file=sys.stderr)
         return EXIT_OOM
     traceback.print_exc()
     if writer is not None:
         writer.event("error", message=one_line(exc), type=type(exc).__name__)
     return EXIT_CONFIG if isinstance(exc, (DataError, RewardError, LossImplError)) else EXIT_ERROR
+
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -159,3 +159,14 @@ def test_chunked_matches_naive_across_loss_settings(tiny_model_path: Path, tmp_p
             assert a[key] == pytest.approx(b[key], rel=REL, abs=ABS), (a["step"], key)
         if grpo.get("beta"):
             assert a["kl"] == pytest.approx(b["kl"], rel=REL, abs=ABS)
+
+
+def test_tiny_cpu_reward_rises(tiny_model_path: Path, tmp_path: Path) -> None:
+    """A short version of the embedded default's learning claim (the full 400-step run gains ~+0.4)."""
+    run = make_run(tmp_path, "learn", grpo={"max_steps": 150}, loss={"impl": "chunked"},
+                   logging={"completions_per_step": 0})  # fmt: skip
+    code, steps, _ = run_steps(run)
+    assert code == 0 and len(steps) == 150
+    rewards = [r["reward"] for r in steps]
+    first, last = sum(rewards[:20]) / 20, sum(rewards[-20:]) / 20
+    assert last >= first + 0.15, (first, last)
