@@ -1,7 +1,8 @@
 """Run grpo_kernels' Triton kernels on CPU tensors through Triton's interpreter.
 
 TRITON_INTERPRET must be set before the kernels are decorated; if another test module imported
-grpo_kernels first, the kernel module is reloaded so its kernels become interpreted functions.
+grpo_kernels first, the kernel module is reloaded so its kernels become interpreted functions. Not on a
+CUDA machine: there the interpreter would also take over tests/gpu (slowly), which run the real kernels.
 """
 
 from __future__ import annotations
@@ -10,13 +11,13 @@ import importlib
 import os
 import sys
 
-os.environ["TRITON_INTERPRET"] = "1"
+import pytest
+import torch
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
-
-if "grpo_kernels.triton_ops" in sys.modules and not sys.modules["grpo_kernels.triton_ops"].INTERPRET:
-    importlib.reload(sys.modules["grpo_kernels.triton_ops"])
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"
+    if "grpo_kernels.triton_ops" in sys.modules and not sys.modules["grpo_kernels.triton_ops"].INTERPRET:
+        importlib.reload(sys.modules["grpo_kernels.triton_ops"])
 
 from grpo_kernels import triton_ops  # noqa: E402
 
@@ -27,6 +28,8 @@ def backend(request, monkeypatch):
     if request.param == "triton":
         if not triton_ops.HAS_TRITON:
             pytest.skip("triton is not installed")
+        if torch.cuda.is_available():
+            pytest.skip("CUDA present: tests/gpu run the compiled Triton kernels instead of the interpreter")
         assert triton_ops.INTERPRET, "the Triton kernels must be interpreted on CPU"
         # Shrink the tiles so the tiny test vocabularies cross block and segment boundaries
         monkeypatch.setattr(triton_ops, "STATS_BLOCK", 16)

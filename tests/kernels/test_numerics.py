@@ -73,6 +73,8 @@ def test_large_logit_offset(backend, make_inputs):
 def test_fp16_triton_interpreter(monkeypatch, make_inputs):
     from grpo_kernels import triton_ops
 
+    if not triton_ops.INTERPRET:
+        pytest.skip("the Triton interpreter is off (CUDA present: tests/gpu cover the kernels)")
     monkeypatch.setattr(triton_ops, "FORCE_BACKEND", "triton")
     monkeypatch.setattr(triton_ops, "STATS_BLOCK", 16)
     monkeypatch.setattr(triton_ops, "STATS_SEGMENT", 32)
