@@ -31,6 +31,8 @@ from grpo_tui.widgets.progress_panel import STATE_STYLES, ProgressPanel
 from grpo_tui.widgets.reward_chart import RewardChart
 
 LIVE = ("running", "starting")
+# Seconds between polls of a run that has ended (its files no longer change; the monitor still samples).
+ENDED_POLL_S = 2.0
 
 
 class DashboardScreen(Screen[None]):
@@ -131,8 +133,10 @@ class DashboardScreen(Screen[None]):
                 self.post_message(self.FeedFailed(f"{type(exc).__name__}: {exc}"))
                 return
             self.post_message(self.FeedUpdated(view))
-            # The next poll starts only after this one finished (no pile-up on a slow disk).
-            if stop.wait(self.poll_interval):
+            # The next poll starts only after this one finished (no pile-up on a slow disk); an
+            # ended run changes no more, so it is looked at less often.
+            interval = self.poll_interval if view.status in LIVE else max(self.poll_interval, ENDED_POLL_S)
+            if stop.wait(interval):
                 return
 
     def on_dashboard_screen_feed_failed(self, message: FeedFailed) -> None:
@@ -150,7 +154,8 @@ class DashboardScreen(Screen[None]):
         toggle = self.query_one(LossImplToggle)
         toggle.baseline = view.baseline
         toggle.set_current(view.loss_impl, view.pending_impl)
-        self.query_one(GpuMemoryPanel).show(view.snapshot, view.history, view.run_peaks, view.rank_pids)
+        self.query_one(GpuMemoryPanel).show(view.snapshot, view.history, view.run_peaks, view.rank_pids,
+                                            view.step_peaks)
         self.query_one(PhasePeaks).show(view.phases, view.switch_label)
         phases_box = self.query_one("#phases-box")
         if phases_box.border_subtitle != (view.switch_label or ""):

@@ -20,7 +20,7 @@ from grpo_tui.alerts import Alert, AlertLog, detect_alerts
 from grpo_tui.completions import CompletionIndex, PromptGroup
 from grpo_tui.metrics import PHASES
 from grpo_tui.rundir import RunDir, read_json
-from grpo_tui.runstate import RunState, load_recent, load_run, phase_series, run_info
+from grpo_tui.runstate import PEAK_MIB, RunState, load_recent, load_run, phase_series, run_info
 from grpo_tui.widgets.progress_panel import ProgressInfo
 
 # Points per drawn series: about two per cell of a wide chart, so nothing visible is lost.
@@ -64,6 +64,7 @@ class DashboardView:
     snapshot: Any  # monitor.MonitorSnapshot | None
     history: dict[int, list[float | None]]  # GPU index -> used MiB (oldest first); -1 = host RAM
     run_peaks: dict[int, float]
+    step_peaks: tuple[float, ...]  # the run's peak MiB of each recent step (creep shows here)
     rank_pids: dict[int, int]
     phases: dict[str, dict[str, float | None]]
     switch_label: str | None
@@ -163,7 +164,7 @@ class DashboardFeed:
             run_name=self.run.name, preset=state.preset, status=self._status, progress=info,
             charts=self._charts or build_charts(state), snapshot=snapshot,
             history={k: list(v) for k, v in self._history.items()},
-            run_peaks=_run_peaks(state), rank_pids=dict(state.pid_rank),
+            run_peaks=_run_peaks(state), rank_pids=dict(state.pid_rank), step_peaks=_recent_peaks(state),
             phases=phase_rows(state), switch_label=label, loss_impl=state.loss_impl, baseline=self._baseline,
             pending_impl=str(pending) if pending else None, log_lines=tuple(self._log),
             alerts=tuple(self._alert_log.alerts), active_alerts=tuple(self._alert_log.active(state)),
@@ -240,6 +241,11 @@ def _run_peaks(state: RunState) -> dict[int, float]:
         for g in gpus or [{"index": -1}]:
             peaks[int(g.get("index", -1))] = state.run_peak_mib
     return peaks
+
+
+def _recent_peaks(state: RunState, count: int = 120) -> tuple[float, ...]:
+    column = state.column(PEAK_MIB)
+    return tuple(v for v in column[-count:] if not math.isnan(v))
 
 
 def _live_status(path: Path, state: RunState) -> str:

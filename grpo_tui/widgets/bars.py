@@ -22,13 +22,14 @@ def bar(fraction: float, width: int, colour: str | None = None) -> Text:
     return Text.assemble((filled, colour), ("·" * (width - len(filled)), "grey37"))
 
 
-def sparkline(values: Sequence[float | None], width: int, top: float | None = None) -> Text:
-    """The last `width` values as block characters scaled to `top` (default: their max)."""
+def sparkline(values: Sequence[float | None], width: int, top: float | None = None, bottom: float = 0.0) -> Text:
+    """The last `width` values as block characters scaled from `bottom` to `top` (default: their max)."""
     tail = [v for v in values if v is not None][-width:]
     if not tail:
         return Text(" " * width)
     hi = top if top else max(tail) or 1.0
-    chars = "".join(SPARKS[min(7, max(0, int(v / hi * 7.999)))] for v in tail)
+    span = (hi - bottom) or 1.0
+    chars = "".join(SPARKS[min(7, max(0, int((v - bottom) / span * 7.999)))] for v in tail)
     return Text(chars.rjust(width), style="cyan")
 
 

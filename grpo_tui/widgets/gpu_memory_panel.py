@@ -27,7 +27,8 @@ class GpuMemoryPanel(Static):
     """
 
     def show(self, snapshot: Any, history: Mapping[int, Sequence[float]] | None = None,
-             run_peaks: Mapping[int, float] | None = None, rank_pids: Mapping[int, int] | None = None) -> None:
+             run_peaks: Mapping[int, float] | None = None, rank_pids: Mapping[int, int] | None = None,
+             step_peaks: Sequence[float] = ()) -> None:
         """Draw `snapshot` (a monitor.MonitorSnapshot).
 
         Args:
@@ -35,8 +36,17 @@ class GpuMemoryPanel(Static):
             history: Used MiB per GPU index (oldest first), or host RAM under key -1.
             run_peaks: This run's peak MiB per GPU index from the metrics stream (-1: host RSS).
             rank_pids: pid -> rank, to label this run's processes.
+            step_peaks: The run's peak MiB of each recent step (from the metrics stream).
         """
         panel = render_panel(snapshot, history or {}, run_peaks or {}, rank_pids or {}, self.size.width)
+        if step_peaks and isinstance(panel, Group):
+            width = max(10, self.size.width - 30)
+            recent = step_peaks[-width:]
+            lo, hi = min(recent), max(recent)
+            # Scaled over the recent range (a creep of a few percent must show), floored at 0 when flat.
+            bottom = lo if hi - lo > 0.01 * hi else 0.0
+            panel.renderables.append(Text.assemble(
+                ("peak/step ", "dim"), sparkline(recent, width, hi, bottom), (f" {lo:.0f}–{hi:.0f} MiB", "dim")))
         # Relayout the screen only when the panel's shape can have changed (GPU count, note, width).
         shape = (len(getattr(panel, "renderables", ())), getattr(snapshot, "note", None), self.size.width)
         self.update(panel, layout=shape != getattr(self, "_shape", None))
