@@ -15,6 +15,10 @@ No logits are recomputed: 3 GEMMs in all, plus two memory-bound passes over each
 
 from __future__ import annotations
 
+import contextlib
+import os
+from collections.abc import Iterator
+
 import torch
 
 from . import triton_ops
@@ -28,6 +32,44 @@ CHUNK_BUFFER_BYTES = 448 * 2**20
 MIN_CHUNK, MAX_CHUNK, CHUNK_STEP = 256, 16384, 256
 # `torch.addmm(..., out_dtype=torch.float32)` from bf16/fp16 inputs exists from torch 2.8 on CUDA
 _HAS_OUT_DTYPE = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 8)
+
+
+# Opt-in variants of the chunk loop, for side-by-side timing (`python -m grpo_kernels.bench --variants ...`);
+# none is on by default. fast_stats: the multi-row, autotuned `row_stats` kernel. direct_dw: the first
+# chunk's dW GEMM writes the fp32 accumulator directly (beta = 0) instead of zero-fill + accumulate.
+# lean_host: per-call scratch buffers reused by every chunk and `finish_rows` writing straight into the
+# log-prob / entropy vectors (two copy kernels and four allocations fewer per chunk).
+VARIANT_FLAGS = ("fast_stats", "direct_dw", "lean_host")
+# A comma-separated subset of VARIANT_FLAGS, "all" or "default" (none); None: env GRPO_KERNELS_VARIANT
+VARIANT: str | None = None
+
+
+def parse_variant(text: str | None) -> frozenset[str]:
+    """Flags of a variant spec like "fast_stats,direct_dw", "all" or "default"; ValueError if unknown."""
+    names = {x.strip() for x in (text or "").replace("+", ",").split(",") if x.strip()} - {"default"}
+    if "all" in names:
+        names = (names - {"all"}) | set(VARIANT_FLAGS)
+    bad = sorted(names - set(VARIANT_FLAGS))
+    if bad:
+        raise ValueError(f"grpo_kernels variant: unknown {', '.join(bad)}; allowed: default, all, {', '.join(VARIANT_FLAGS)}")
+    return frozenset(names)
+
+
+def variant_flags() -> frozenset[str]:
+    """The variant flags in force: `VARIANT` if set, else the env var GRPO_KERNELS_VARIANT."""
+    return parse_variant(VARIANT if VARIANT is not None else os.environ.get("GRPO_KERNELS_VARIANT"))
+
+
+@contextlib.contextmanager
+def use_variant(spec: str) -> Iterator[None]:
+    """Run the body with `VARIANT = spec` (validated first), restoring the previous value after."""
+    global VARIANT
+    parse_variant(spec)
+    prev, VARIANT = VARIANT, spec
+    try:
+        yield
+    finally:
+        VARIANT = prev
 
 
 def default_chunk_tokens(vocab: int, dtype: torch.dtype, lean: bool = False) -> int:
@@ -48,6 +90,23 @@ def _addmm_acc(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
         acc.addmm_(a.to(acc.dtype), b.to(acc.dtype))
 
 
+def _mm_into(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
+    # acc = a @ b, overwriting acc (uninitialised memory is fine): the "direct_dw" first chunk
+    if acc.dtype == a.dtype:
+        torch.mm(a, b, out=acc)
+        return
+    if _HAS_OUT_DTYPE and acc.is_cuda:
+        try:
+            # beta = 0: cuBLAS neither reads acc nor needs it zeroed
+            torch.addmm(acc, a, b, beta=0, out_dtype=acc.dtype, out=acc)
+            return
+        except RuntimeError:  # a torch without beta != 1 for out_dtype: zero-fill + accumulate, as the default
+            acc.zero_()
+            _addmm_acc(acc, a, b)
+            return
+    torch.mm(a.to(acc.dtype), b.to(acc.dtype), out=acc)
+
+
 def _chunk_loop(hidden2d, weight, bias, ids, *, inv_t, rows_per_chunk, token_grad, seq_grad, want, lean):
     """Run the chunks; returns (logps, entropies, grad_hidden, grad_weight, grad_bias).
 
@@ -56,15 +115,29 @@ def _chunk_loop(hidden2d, weight, bias, ids, *, inv_t, rows_per_chunk, token_gra
     """
     n_rows, _ = hidden2d.shape
     vocab = weight.shape[0]
+    flags = variant_flags()
+    fast_stats, direct_dw, lean_host = (f in flags for f in VARIANT_FLAGS)
     stats_dtype = torch.float64 if hidden2d.dtype == torch.float64 else torch.float32
     logps = torch.empty((n_rows,), device=hidden2d.device, dtype=stats_dtype)
     entropies = torch.empty_like(logps)
-    buf = torch.empty((min(n_rows, rows_per_chunk), vocab), device=hidden2d.device, dtype=hidden2d.dtype)
+    chunk_rows = min(n_rows, rows_per_chunk)
+    buf = torch.empty((chunk_rows, vocab), device=hidden2d.device, dtype=hidden2d.dtype)
     gh = torch.empty_like(hidden2d) if want[0] else None
     acc_dtype = weight.dtype if (lean or weight.dtype in (torch.float32, torch.float64)) else torch.float32
-    gw = torch.zeros(weight.shape, device=weight.device, dtype=acc_dtype) if want[1] else None
+    new_acc = torch.empty if direct_dw else torch.zeros
+    gw = new_acc(weight.shape, device=weight.device, dtype=acc_dtype) if want[1] else None
     gb = torch.zeros((vocab,), device=weight.device, dtype=stats_dtype) if want[2] else None
     w_t = weight.t()
+    stats_out = scratch = None
+    if lean_host:
+        # One set of small buffers for every chunk instead of fresh allocations per chunk
+        n_seg = triton_ops.stats_segments(vocab)
+        stats_out = (
+            torch.empty((3, chunk_rows, n_seg), device=hidden2d.device, dtype=stats_dtype),
+            torch.empty((chunk_rows,), device=hidden2d.device, dtype=stats_dtype),
+        )
+        scratch = torch.empty((2, chunk_rows), device=hidden2d.device, dtype=stats_dtype)
+    first = True
     for start in range(0, n_rows, rows_per_chunk):
         end = min(start + rows_per_chunk, n_rows)
         tile = buf[: end - start]  # [n, V]
@@ -73,13 +146,18 @@ def _chunk_loop(hidden2d, weight, bias, ids, *, inv_t, rows_per_chunk, token_gra
             torch.mm(h_c, w_t, out=tile)
         else:
             torch.addmm(bias, h_c, w_t, out=tile)
-        parts, target_logit = triton_ops.row_stats(tile, ids[start:end], inv_t)
+        parts, target_logit = triton_ops.row_stats(tile, ids[start:end], inv_t, fast=fast_stats, out=stats_out)
         chunk_grad = None
         if token_grad is not None and any(want):
             chunk_grad = {k: (v[start:end] if isinstance(v, torch.Tensor) else v) for k, v in token_grad.items()}
-        lp, ent, lse, g = triton_ops.finish_rows(parts, target_logit, chunk_grad)
-        logps[start:end] = lp
-        entropies[start:end] = ent
+        if lean_host:
+            # finish_rows writes the chunk's log-probs and entropies in place: no copies afterwards
+            dst = (logps[start:end], entropies[start:end], scratch[0, : end - start], scratch[1, : end - start])
+            lp, ent, lse, g = triton_ops.finish_rows(parts, target_logit, chunk_grad, out=dst)
+        else:
+            lp, ent, lse, g = triton_ops.finish_rows(parts, target_logit, chunk_grad)
+            logps[start:end] = lp
+            entropies[start:end] = ent
         if seq_grad is not None and any(want):
             g = seq_grad(start, end, lp)
         if g is None:
@@ -87,8 +165,11 @@ def _chunk_loop(hidden2d, weight, bias, ids, *, inv_t, rows_per_chunk, token_gra
         triton_ops.logits_to_grad(tile, ids[start:end], lse, g, inv_t)
         if gh is not None:
             torch.mm(tile, weight, out=gh[start:end])
-        if gw is not None:
+        if gw is not None and direct_dw and first:
+            _mm_into(gw, tile.t(), h_c)
+        elif gw is not None:
             _addmm_acc(gw, tile.t(), h_c)
+        first = False
         if gb is not None:
             gb += tile.sum(0, dtype=gb.dtype)
     del buf, tile  # free the chunk buffer before the fp32 -> bf16 copy of dW

@@ -111,6 +111,84 @@ if HAS_TRITON and not INTERPRET:
     )(_row_stats_kernel)
 
 
+@_jit
+def _add2(a0, a1, b0, b1):
+    return a0 + b0, a1 + b1
+
+
+@_jit
+def _row_stats_rows_kernel(
+    logits_ptr,
+    stride,
+    targets_ptr,
+    part_max_ptr,
+    part_sum_ptr,
+    part_xsum_ptr,
+    target_logit_ptr,
+    n_rows,
+    n_cols,
+    n_seg,
+    inv_t,
+    SEG: tl.constexpr,
+    BLOCK: tl.constexpr,
+    ROWS: tl.constexpr,
+):
+    # The "fast_stats" variant of `_row_stats_kernel`: ROWS rows per program as one [ROWS, BLOCK] tile, so
+    # each cross-warp reduction serves ROWS rows and more loads are in flight per program; the two sums
+    # share one reduction (one shared-memory round instead of two). Same partials, same layout.
+    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    rmask = rows < n_rows
+    seg = tl.program_id(1)
+    inv_t = tl.cast(inv_t, tl.float32)
+    row_ptrs = logits_ptr + rows[:, None] * stride
+    seg_start = seg * SEG
+    seg_end = tl.minimum(seg_start + SEG, n_cols)
+    m = tl.full((ROWS,), -float("inf"), tl.float32)
+    s = tl.full((ROWS,), 0.0, tl.float32)
+    xs = tl.full((ROWS,), 0.0, tl.float32)
+    for start in range(seg_start, seg_end, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        valid = rmask[:, None] & (cols < seg_end)[None, :]
+        z = tl.load(row_ptrs + cols[None, :], mask=valid, other=0.0).to(tl.float32) * inv_t
+        new_m = tl.maximum(m, tl.max(tl.where(valid, z, -float("inf")), axis=1))
+        # Rows past n_rows have new_m = -inf: keep their arithmetic finite (they are never stored)
+        safe_m = tl.where(rmask, new_m, 0.0)
+        d = tl.where(valid, z - safe_m[:, None], 0.0)
+        e = tl.where(valid, tl.exp(d), 0.0)
+        alpha = tl.where(rmask, tl.exp(m - safe_m), 0.0)
+        shift = tl.where(s > 0, m - safe_m, 0.0) * s
+        se, sed = tl.reduce((e, e * d), 1, _add2)
+        xs = alpha * (xs + shift) + sed
+        s = alpha * s + se
+        m = new_m
+    out = rows * n_seg + seg
+    tl.store(part_max_ptr + out, m, mask=rmask)
+    tl.store(part_sum_ptr + out, s, mask=rmask)
+    tl.store(part_xsum_ptr + out, xs, mask=rmask)
+    target = tl.load(targets_ptr + rows, mask=rmask, other=-1)
+    hit = rmask & (target >= seg_start) & (target < seg_end)
+    t_logit = tl.load(logits_ptr + rows * stride + target, mask=hit, other=0.0).to(tl.float32) * inv_t
+    tl.store(target_logit_ptr + rows, t_logit, mask=hit)
+
+
+# (ROWS, BLOCK, num_warps, num_stages) tried by the "fast_stats" autotuner once per vocabulary width: 16-byte
+# loads need BLOCK / (32 * warps) >= 8 bf16 per thread; more rows per program amortise the reductions
+FAST_STATS_CONFIGS = (
+    (1, 4096, 8, 1), (1, 4096, 16, 1), (2, 4096, 8, 1), (2, 4096, 16, 1), (4, 4096, 16, 1),
+    (2, 2048, 8, 1), (4, 2048, 8, 1), (4, 2048, 16, 1), (8, 1024, 8, 1), (2, 2048, 8, 3), (4, 1024, 4, 3),
+)  # fmt: skip
+# Rows per program of the fast kernel under the interpreter (tests): > 1 so row masking is exercised
+INTERPRET_FAST_ROWS = 2
+
+if HAS_TRITON and not INTERPRET:
+    _row_stats_rows_tuned = triton.autotune(
+        configs=[
+            triton.Config({"ROWS": r, "BLOCK": b}, num_warps=w, num_stages=st) for r, b, w, st in FAST_STATS_CONFIGS
+        ],
+        key=["n_cols"],
+    )(_row_stats_rows_kernel)
+
+
 def _row_stats_torch(
     logits, stride, targets, part_max, part_sum, part_xsum, target_logit, n_cols, n_seg, inv_t, SEG, BLOCK
 ):
@@ -253,13 +331,22 @@ def _finish_rows_torch(
         )
 
 
-def row_stats(logits: torch.Tensor, targets: torch.Tensor, inv_t: float) -> tuple[torch.Tensor, torch.Tensor]:
+def row_stats(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    inv_t: float,
+    *,
+    fast: bool = False,
+    out: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-(row, vocab segment) statistics of `logits * inv_t` and each row's target logit.
 
     Args:
         logits: [n, V] chunk of logits (row stride may exceed V).
         targets: [n] int64 target ids in [0, V).
         inv_t: 1 / temperature.
+        fast: use the multi-row "fast_stats" kernel (autotuned on CUDA); same results.
+        out: optional ([3, >= n, n_seg], [>= n]) buffers to fill (their first n rows), e.g. reused per chunk.
 
     Returns:
         ([3, n, n_seg] running max / sum of exp / sum of exp * (z - max), [n] scaled target logits),
@@ -270,20 +357,39 @@ def row_stats(logits: torch.Tensor, targets: torch.Tensor, inv_t: float) -> tupl
     block = _pow2_at_most(n_cols, STATS_BLOCK)
     seg = max(block, STATS_SEGMENT // block * block)
     n_seg = -(-n_cols // seg)
-    parts = torch.empty((3, n, n_seg), device=logits.device, dtype=stats_dtype)
-    target_logit = torch.empty((n,), device=logits.device, dtype=stats_dtype)
-    args = (logits, logits.stride(0), targets, parts[0], parts[1], parts[2], target_logit, n_cols, n_seg, inv_t)
-    if use_triton(logits.device) and INTERPRET:
-        _row_stats_kernel[(n, n_seg)](*args, SEG=seg, BLOCK=block)
-    elif use_triton(logits.device):
-        _row_stats_tuned[(n, n_seg)](*args, SEG=seg, BLOCK=block)
+    if out is None:
+        parts = torch.empty((3, n, n_seg), device=logits.device, dtype=stats_dtype)
+        target_logit = torch.empty((n,), device=logits.device, dtype=stats_dtype)
     else:
+        parts, target_logit = out[0][:, :n], out[1][:n]
+    args = (logits, logits.stride(0), targets, parts[0], parts[1], parts[2], target_logit, n_cols, n_seg, inv_t)
+    if not use_triton(logits.device):
         _row_stats_torch(*args, SEG=seg, BLOCK=block)
+    elif fast and INTERPRET:
+        rows = INTERPRET_FAST_ROWS
+        _row_stats_rows_kernel[(-(-n // rows), n_seg)](*args[:7], n, *args[7:], SEG=seg, BLOCK=block, ROWS=rows)
+    elif fast:
+        grid = lambda meta: (triton.cdiv(n, meta["ROWS"]), n_seg)  # noqa: E731
+        _row_stats_rows_tuned[grid](*args[:7], n, *args[7:], SEG=seg)
+    elif INTERPRET:
+        _row_stats_kernel[(n, n_seg)](*args, SEG=seg, BLOCK=block)
+    else:
+        _row_stats_tuned[(n, n_seg)](*args, SEG=seg, BLOCK=block)
     return parts, target_logit
 
 
+def stats_segments(n_cols: int) -> int:
+    """Number of vocab segments `row_stats` splits a row of `n_cols` into (the partials' last dim)."""
+    block = _pow2_at_most(n_cols, STATS_BLOCK)
+    return -(-n_cols // max(block, STATS_SEGMENT // block * block))
+
+
 def finish_rows(
-    parts: torch.Tensor, target_logit: torch.Tensor, grad_inputs: dict | None = None
+    parts: torch.Tensor,
+    target_logit: torch.Tensor,
+    grad_inputs: dict | None = None,
+    *,
+    out: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Log-prob, entropy, logsumexp per row and, given `grad_inputs`, d(loss)/d(log-prob).
 
@@ -291,12 +397,15 @@ def finish_rows(
         parts, target_logit: from `row_stats`.
         grad_inputs: for token-level sampling: old (or None), ref (or None), adv, w ([n] each) and
             beta, epsilon_low, epsilon_high; None for no gradient.
+        out: optional four contiguous [n] destinations (log-prob, entropy, logsumexp, gradient), e.g. slices
+            of the call's log-prob and entropy vectors, so no copy kernels follow.
 
     Returns:
         ([n] log-probs, [n] entropies, [n] logsumexp, [n] gradient or None).
     """
     _, n, n_seg = parts.shape
-    out = torch.empty((4 if grad_inputs else 3, n), device=parts.device, dtype=parts.dtype)
+    if out is None:
+        out = torch.empty((4 if grad_inputs else 3, n), device=parts.device, dtype=parts.dtype)
     gi = grad_inputs or {}
     dummy = out[0]
     old, ref = gi.get("old"), gi.get("ref")

@@ -69,6 +69,15 @@ def _make_inputs(
     return dict(hidden=hidden, weight=weight, bias=b, ids=ids, mask=mask, adv=adv, ref=ref, old=old)
 
 
+@pytest.fixture(params=["fast_stats", "direct_dw", "lean_host", "all"])
+def variant(request, monkeypatch):
+    """Switch on one opt-in variant of the chunk loop (grpo_kernels.functional.VARIANT) for the test."""
+    from grpo_kernels import functional
+
+    monkeypatch.setattr(functional, "VARIANT", request.param)
+    return request.param
+
+
 @pytest.fixture
 def make_inputs():
     """Factory of fresh random fp64 inputs: make_inputs(B, T, H, V, bias=, offset=, off_policy=, ...)."""
