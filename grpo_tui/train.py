@@ -323,21 +323,32 @@ def main(argv: list[str] | None = None) -> int:
 
     state = PartialState(cpu=_use_cpu_hint(run))
     writer = MetricsWriter(run.metrics) if state.is_main_process else None
-    session = None
+    session, code = None, EXIT_ERROR
     try:
         preset = load_preset(run)
         session = TrainingSession(preset, run, writer, state)
-        return session.run()
+        code = session.run()
     except Exception as exc:  # noqa: BLE001 - every failure becomes one line for the runner
-        return _report_failure(exc, writer, session)
+        code = _report_failure(exc, writer, session)
     finally:
         if writer is not None:
             writer.close()
-        if state.use_distributed:
-            import torch.distributed as dist
+        _shutdown_distributed(state, healthy=code == EXIT_OK)
+    return code
 
-            if dist.is_initialized():
-                dist.destroy_process_group()
+
+def _shutdown_distributed(state: Any, healthy: bool) -> None:
+    if not state.use_distributed:
+        return
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return
+    if healthy:
+        # Leave together: a gloo rank whose peer has already torn down its sockets can abort (SIGABRT)
+        # in the transport's background thread, turning a finished run into a failed launch.
+        dist.barrier()
+    dist.destroy_process_group()
 
 
 def _use_cpu_hint(run: RunDir) -> bool:
