@@ -4,6 +4,9 @@ Run: `python -m grpo_kernels.bench --batch 8,32,64 --out kernel.json` (CUDA only
 Providers: floor (the 3 GEMMs at full size), naive (materialised logits + autograd), trl (TRL 1.16's
 ChunkedLogProbFunction + the GRPO loss math), liger (LigerFusedLinearGRPOLoss), chunked (ours) and
 chunked-lean. "extra peak" = max_memory_allocated above what the inputs hold, gradients included.
+`--variants fast_stats,direct_dw,lean_host,all,default` also times ours with each opt-in variant of the
+chunk loop (see `functional.VARIANT_FLAGS`) as providers `chunked+<variant>` ("default" again as
+`chunked#2`: the run-to-run spread), side by side in the same run and table.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from .functional import fused_linear_grpo_loss
+from .functional import fused_linear_grpo_loss, parse_variant, use_variant
 from .loss_math import per_token_loss, token_weights
 from .reference import reference_grpo_loss
 
@@ -91,9 +94,19 @@ def loss_fn(provider: str, inp: dict, beta: float, chunk_tokens: int | None = No
         return _trl_fn(inp, beta)
     if provider == "liger":
         return _liger_fn(inp, beta)
-    fn = reference_grpo_loss if provider == "naive" else fused_linear_grpo_loss
-    kw = {} if provider == "naive" else {"chunk_tokens": chunk_tokens, "lean": provider == "chunked-lean"}
+    base, _, variant = provider.partition("+")
+    base = base.split("#")[0]  # "chunked#2": the default timed again
+    fn = reference_grpo_loss if base == "naive" else fused_linear_grpo_loss
+    kw = {} if base == "naive" else {"chunk_tokens": chunk_tokens, "lean": base == "chunked-lean"}
     args = (inp["hidden"], inp["weight"], inp["ids"], inp["mask"], inp["adv"])
+    if variant:
+        parse_variant(variant)  # fail here, not inside the timed closure
+
+        def run_variant() -> torch.Tensor:
+            with use_variant(variant):
+                return fn(*args, ref_logps=inp["ref"], beta=beta, loss_type="dapo", **kw)[0]
+
+        return run_variant
     return lambda: fn(*args, ref_logps=inp["ref"], beta=beta, loss_type="dapo", **kw)[0]
 
 
@@ -132,14 +145,20 @@ def measure(step: Callable[[], object], inp: dict, reps: int, warmup: int = 2) -
     return statistics.median(times), peak, statistics.median(host)
 
 
-def check(inp: dict, beta: float, chunk_tokens: int | None) -> dict:
-    """Ours (and lean) against naive (bf16 GEMM, fp32 softmax) on the same inputs."""
+def check(inp: dict, beta: float, chunk_tokens: int | None, variants: tuple[str, ...] = ()) -> dict:
+    """Ours (lean, and each `chunked+<variant>`) against naive (bf16 GEMM, fp32 softmax) on the same inputs."""
     out = {}
     grads = {}
-    for provider in ("naive", "chunked", "chunked-lean"):
+    for provider in ("naive", "chunked", "chunked-lean", *variants):
         inp["hidden"].grad = inp["weight"].grad = None
-        loss = loss_fn(provider, inp, beta, chunk_tokens)()
-        loss.backward()
+        try:
+            loss = loss_fn(provider, inp, beta, chunk_tokens)()
+            loss.backward()
+        except torch.cuda.OutOfMemoryError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a broken variant is reported, the others still checked
+            out[provider] = {"error": f"{type(exc).__name__}: {str(exc)[:120]}"}
+            continue
         grads[provider] = (loss.detach().double(), inp["hidden"].grad.double(), inp["weight"].grad.double())
         inp["hidden"].grad = inp["weight"].grad = None
     ref = grads.pop("naive")
@@ -157,7 +176,7 @@ def profile_chunk(rows: int, hidden: int, vocab: int) -> dict:
     from triton.testing import do_bench
 
     from . import triton_ops
-    from .functional import _addmm_acc
+    from .functional import _addmm_acc, _mm_into
 
     g = torch.Generator(device="cuda").manual_seed(1)
     h = torch.randn(rows, hidden, device="cuda", generator=g).bfloat16()
@@ -181,10 +200,18 @@ def profile_chunk(rows: int, hidden: int, vocab: int) -> dict:
         "dh_gemm": lambda: torch.mm(tile, w, out=gh),
         "dw_gemm_fp32acc": lambda: _addmm_acc(acc32, tile.t(), h),
         "dw_gemm_bf16acc": lambda: _addmm_acc(acc16, tile.t(), h),
+        # The variants' stages: multi-row autotuned row_stats, first dW GEMM with beta = 0, the zero-fill
+        "row_stats_fast": lambda: triton_ops.row_stats(tile, ids, 1.0, fast=True),
+        "dw_gemm_fp32_direct": lambda: _mm_into(acc32, tile.t(), h),
+        "dw_acc_zero_fill": lambda: acc32.zero_(),
     }
     out = {"rows": rows}
     for name, fn in stages.items():
-        out[name] = do_bench(fn, warmup=25, rep=100, return_mode="median")
+        try:
+            out[name] = do_bench(fn, warmup=25, rep=100, return_mode="median")
+        except Exception as exc:  # noqa: BLE001 - a failing variant stage must not lose the others
+            out[name] = float("nan")
+            out[f"{name}_error"] = f"{type(exc).__name__}: {str(exc)[:120]}"
     return out
 
 
@@ -238,6 +265,21 @@ def _int_list(text: str, option: str) -> list[int]:
     return values
 
 
+def _variant_providers(text: str) -> list[str]:
+    """Provider names for `--variants`: "chunked+<variant>", and "chunked#k" for each repeat of "default"."""
+    out: list[str] = []
+    for spec in (x.strip() for x in text.split(",") if x.strip()):
+        try:
+            parse_variant(spec)
+        except ValueError as exc:
+            raise ValueError(f"--variants: {str(exc).split(': ', 1)[1]}") from None
+        if spec == "default":
+            out.append(f"chunked#{sum(p.startswith('chunked#') for p in out) + 2}")
+        else:
+            out.append(f"chunked+{spec}")
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     """CLI entry point; returns the exit status."""
     ap = argparse.ArgumentParser(prog="grpo-tui bench kernel", description=__doc__.splitlines()[0])
@@ -251,6 +293,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sweep-chunks", default="", help="also time ours at these chunk sizes, e.g. 512,2048")
     ap.add_argument("--sweep-lean", default="", help="also time ours lean at these chunk sizes")
     ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--variants", default="", help="also time ours with these opt-in variants, e.g. "
+                    "fast_stats,direct_dw,lean_host,all,default (a+b combines; default = the plain one again)")
+    ap.add_argument("--liger-reps", type=int, default=None, help="reps for liger (~2 s each at 32k tokens); "
+                    "default --reps")
     ap.add_argument("--no-check", action="store_true", help="skip the correctness check of ours vs naive")
     ap.add_argument("--profile", default="", help="also time each stage of one chunk at these sizes, e.g. 1024,4096")
     ap.add_argument("--out", default=None, help="write JSON results here")
@@ -268,6 +314,9 @@ def main(argv: list[str] | None = None) -> int:
         sweep = [("chunked", c) for c in _int_list(args.sweep_chunks, "--sweep-chunks")]
         sweep += [("chunked-lean", c) for c in _int_list(args.sweep_lean, "--sweep-lean")]
         profile_rows = _int_list(args.profile, "--profile")
+        variant_provs = _variant_providers(args.variants)
+        if args.reps <= 0 or (args.liger_reps is not None and args.liger_reps <= 0):
+            raise ValueError("--reps/--liger-reps: expected a positive integer")
     except ValueError as exc:
         print(str(exc), file=sys.stderr)
         return 2
@@ -279,6 +328,7 @@ def main(argv: list[str] | None = None) -> int:
         inp = make_inputs(batch, args.seq, args.hidden, args.vocab)
         tokens = batch * args.seq
         runs = [(p, args.chunk_tokens, p) for p in providers] + [(f"{p}-c{c}", c, p) for p, c in sweep]
+        runs += [(p, args.chunk_tokens, p) for p in variant_provs]
         for provider, chunk, kind in runs:
             rec = {"provider": provider, "batch": batch, "tokens": tokens, "ms": None, "extra_peak_mib": None}
             try:
@@ -286,8 +336,10 @@ def main(argv: list[str] | None = None) -> int:
                     step = _floor_fn(inp)
                 else:
                     step = loss_fn(kind, inp, args.beta, chunk)
+                reps = args.liger_reps or args.reps if provider == "liger" else args.reps
+                rec["reps"] = reps
                 rec["ms"], rec["extra_peak_mib"], rec["host_ms"] = measure(
-                    step, inp, args.reps, warmup=1 if provider == "liger" else 2
+                    step, inp, reps, warmup=1 if provider == "liger" else 2
                 )
             except torch.cuda.OutOfMemoryError:
                 rec["error"] = "OOM"
@@ -301,7 +353,8 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(rec), flush=True)
         if not args.no_check:
             try:
-                checks.append({"batch": batch, "tokens": tokens, **check(inp, args.beta, args.chunk_tokens)})
+                checked = tuple(p for p in variant_provs if "+" in p)
+                checks.append({"batch": batch, "tokens": tokens, **check(inp, args.beta, args.chunk_tokens, checked)})
             except torch.cuda.OutOfMemoryError:
                 checks.append({"batch": batch, "tokens": tokens, "error": "OOM"})
             print(json.dumps(checks[-1]), flush=True)
@@ -310,11 +363,13 @@ def main(argv: list[str] | None = None) -> int:
     profiles = []
     for rows in profile_rows:
         profiles.append(profile_chunk(rows, args.hidden, args.vocab))
-        print(json.dumps({k: round(v, 4) for k, v in profiles[-1].items()}), flush=True)
+        print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in profiles[-1].items()}), flush=True)
     result = {
         "command": " ".join(["python -m grpo_kernels.bench", *(argv if argv is not None else sys.argv[1:])]),
         "gpu": torch.cuda.get_device_name(),
         "versions": _versions(),
+        "reps": {"default": args.reps, "liger": args.liger_reps or args.reps},
+        "variants": {p: p.partition("+")[2] or "default (repeat)" for p in variant_provs},
         "shape": {"seq": args.seq, "hidden": args.hidden, "vocab": args.vocab, "beta": args.beta, "dtype": "bf16"},
         "records": records,
         "checks": checks,

@@ -121,3 +121,28 @@ def test_selective_logprobs_bf16():
     # bf16 logits carry ~0.4% relative rounding: compare at that scale
     torch.testing.assert_close(lp.double(), ref_lp, rtol=0.02, atol=0.05)
     torch.testing.assert_close(ent.double(), ref_ent, rtol=0.02, atol=0.05)
+
+
+@pytest.mark.parametrize("variant", ["fast_stats", "direct_dw", "lean_host", "all"])
+def test_variants_match_fp64_reference_and_default(variant, monkeypatch):
+    from grpo_kernels import functional
+
+    inp = _inputs(3, 256, 1024, 151936, torch.bfloat16, off_policy=False)
+    _, default_grads, _ = _run(fused_linear_grpo_loss, inp, torch.bfloat16, beta=0.04, chunk_tokens=300)
+    monkeypatch.setattr(functional, "VARIANT", variant)
+    _compare(inp, torch.bfloat16, BF16_LOSS_RTOL, BF16_GRAD_COS, beta=0.04, chunk_tokens=300)
+    _, grads, _ = _run(fused_linear_grpo_loss, inp, torch.bfloat16, beta=0.04, chunk_tokens=300)
+    for g, r in zip(grads[:2], default_grads[:2]):
+        assert F.cosine_similarity(g.flatten(), r.flatten(), dim=0).item() >= 0.999999
+
+
+def test_fast_row_stats_matches_default_kernel():
+    tile = (torch.randn(301, 151936, device="cuda") * 3 + 40).bfloat16()
+    ids = torch.randint(0, 151936, (301,), device="cuda")
+    want = triton_ops.row_stats(tile, ids, 1 / 0.7)
+    n_seg = triton_ops.stats_segments(151936)
+    buf = (torch.full((3, 400, n_seg), float("nan"), device="cuda"), torch.full((400,), float("nan"), device="cuda"))
+    got = triton_ops.row_stats(tile, ids, 1 / 0.7, fast=True, out=buf)
+    torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(got[1], want[1])
+    assert buf[0][:, 301:].isnan().all()

@@ -54,3 +54,43 @@ def test_providers_agree_on_cpu():
     for provider in ("trl", "chunked", "chunked-lean"):
         for a, b in zip(out[provider], out["naive"]):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_variant_options_name_providers_and_reject_unknown(capsys):
+    assert bench._variant_providers("fast_stats,all,default,direct_dw+lean_host,default") == [
+        "chunked+fast_stats", "chunked+all", "chunked#2", "chunked+direct_dw+lean_host", "chunked#3",
+    ]  # fmt: skip
+    assert bench.main(["--variants", "fast_stats,turbo"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("--variants: unknown turbo; allowed:") and "\n" not in err
+    assert bench.main(["--liger-reps", "0"]) == 2
+    assert capsys.readouterr().err.startswith("--reps/--liger-reps")
+
+
+def test_variant_providers_run_their_variant_and_agree_on_cpu(monkeypatch):
+    # The bench's variant closures switch the chunk loop's flags while they run, then restore them
+    from grpo_kernels import functional
+
+    seen = []
+    real = functional._chunk_loop
+    monkeypatch.setattr(functional, "_chunk_loop", lambda *a, **k: (seen.append(functional.variant_flags()), real(*a, **k))[1])
+    g = torch.Generator().manual_seed(1)
+    B, T, H, V = 2, 5, 16, 40
+    inp = dict(
+        hidden=torch.randn(B, T, H, generator=g).requires_grad_(),
+        weight=(torch.randn(V, H, generator=g) * 0.3).requires_grad_(),
+        ids=torch.randint(0, V, (B, T), generator=g), mask=torch.ones(B, T, dtype=torch.long),
+        adv=torch.randn(B, generator=g), ref=-torch.rand(B, T, generator=g) * 3 - 2,
+    )  # fmt: skip
+    out = {}
+    for provider in ["naive", "chunked", *bench._variant_providers("fast_stats,direct_dw,lean_host,all,default")]:
+        loss = bench.loss_fn(provider, inp, 0.04, chunk_tokens=3)()
+        loss.backward()
+        out[provider] = (loss.detach(), inp["hidden"].grad.clone(), inp["weight"].grad.clone())
+        inp["hidden"].grad = inp["weight"].grad = None
+    assert seen == [frozenset(), frozenset({"fast_stats"}), frozenset({"direct_dw"}), frozenset({"lean_host"}),
+                    frozenset(functional.VARIANT_FLAGS), frozenset()]  # fmt: skip
+    assert functional.VARIANT is None
+    for provider in out:
+        for a, b in zip(out[provider], out["naive"]):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
