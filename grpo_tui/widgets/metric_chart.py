@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from rich.text import Text
-from textual.app import RenderResult
+from textual.strip import Strip
 from textual.widget import Widget
 
 from grpo_tui.widgets.braille import Series, render_chart
@@ -40,6 +40,18 @@ class MetricChart(Widget):
     def series(self) -> list[Series]:
         return [Series(self.xs, self.ys, LINE)]
 
-    def render(self) -> RenderResult:
-        return render_chart(self.series(), self.size.width, self.size.height, title=self.chart_title(),
-                            switches=self.switches, empty=self.empty_hint)
+    def refresh(self, *regions, **kwargs):  # type: ignore[no-untyped-def,override]
+        self._strips = None  # new data or size: draw again on the next render_line
+        return super().refresh(*regions, **kwargs)
+
+    def render_line(self, y: int) -> Strip:
+        # Line API: the chart becomes strips once per change, skipping Textual's Content conversion.
+        width, height = self.size
+        if getattr(self, "_strips", None) is None or getattr(self, "_strips_size", None) != (width, height):
+            text = render_chart(self.series(), width, height, title=self.chart_title(),
+                                switches=self.switches, empty=self.empty_hint)
+            console, base = self.app.console, self.rich_style  # base: the widget's colours from CSS
+            self._strips = [Strip(list(line.render(console))).adjust_cell_length(width).apply_style(base)
+                            for line in text.split("\n", allow_blank=True)]
+            self._strips_size = (width, height)
+        return self._strips[y] if y < len(self._strips) else Strip.blank(width)
