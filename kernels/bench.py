@@ -4,7 +4,7 @@ Run: `python -m grpo_kernels.bench --batch 8,32,64 --out kernel.json` (CUDA only
 Providers: floor (the 3 GEMMs at full size), naive (materialised logits + autograd), trl (TRL 1.16's
 ChunkedLogProbFunction + the GRPO loss math), liger (LigerFusedLinearGRPOLoss), chunked (ours) and
 chunked-lean. "extra peak" = max_memory_allocated above what the inputs hold, gradients included.
-`--variants fast_stats,direct_dw,lean_host,all,default` also times ours with each opt-in variant of the
+`--variants fast_stats,direct_dw,lean_host,fast_grad,fold_cast,all,default` also times ours with each opt-in variant of the
 chunk loop (see `functional.VARIANT_FLAGS`) as providers `chunked+<variant>` ("default" again as
 `chunked#2`: the run-to-run spread), side by side in the same run and table.
 """
@@ -176,7 +176,7 @@ def profile_chunk(rows: int, hidden: int, vocab: int) -> dict:
     from triton.testing import do_bench
 
     from . import triton_ops
-    from .functional import _addmm_acc, _mm_into
+    from .functional import _addmm_acc, _mm_into, _scaled
 
     g = torch.Generator(device="cuda").manual_seed(1)
     h = torch.randn(rows, hidden, device="cuda", generator=g).bfloat16()
@@ -192,6 +192,7 @@ def profile_chunk(rows: int, hidden: int, vocab: int) -> dict:
     acc16 = torch.zeros(vocab, hidden, device="cuda", dtype=torch.bfloat16)
     gh = torch.empty_like(h)
     gvec = torch.randn(rows, device="cuda") * 1e-3
+    go = torch.ones((), device="cuda")
     stages = {
         "logits_gemm": lambda: torch.mm(h, w.t(), out=tile),
         "row_stats": lambda: triton_ops.row_stats(tile, ids, 1.0),
@@ -204,6 +205,10 @@ def profile_chunk(rows: int, hidden: int, vocab: int) -> dict:
         "row_stats_fast": lambda: triton_ops.row_stats(tile, ids, 1.0, fast=True),
         "dw_gemm_fp32_direct": lambda: _mm_into(acc32, tile.t(), h),
         "dw_acc_zero_fill": lambda: acc32.zero_(),
+        "logits_to_grad_fast": lambda: triton_ops.logits_to_grad(tile, ids, lse, gvec, 1.0, fast=True),
+        # The end of a call: default = cast fp32 dW to bf16, then backward scales it in place; fold_cast = one pass
+        "dw_cast_then_scale": lambda: acc32.to(torch.bfloat16).mul_(go.to(torch.bfloat16)),
+        "dw_fold_cast_scale": lambda: _scaled(acc32, go, torch.bfloat16),
     }
     out = {"rows": rows}
     for name, fn in stages.items():
@@ -294,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sweep-lean", default="", help="also time ours lean at these chunk sizes")
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--variants", default="", help="also time ours with these opt-in variants, e.g. "
-                    "fast_stats,direct_dw,lean_host,all,default (a+b combines; default = the plain one again)")
+                    "fast_stats,fast_grad,direct_dw,fold_cast,lean_host,all,default (a+b combines; default = the plain one again)")
     ap.add_argument("--liger-reps", type=int, default=None, help="reps for liger (~2 s each at 32k tokens); "
                     "default --reps")
     ap.add_argument("--no-check", action="store_true", help="skip the correctness check of ours vs naive")

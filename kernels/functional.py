@@ -38,8 +38,10 @@ _HAS_OUT_DTYPE = tuple(int(x) for x in torch.__version__.split("+")[0].split("."
 # none is on by default. fast_stats: the multi-row, autotuned `row_stats` kernel. direct_dw: the first
 # chunk's dW GEMM writes the fp32 accumulator directly (beta = 0) instead of zero-fill + accumulate.
 # lean_host: per-call scratch buffers reused by every chunk and `finish_rows` writing straight into the
-# log-prob / entropy vectors (two copy kernels and four allocations fewer per chunk).
-VARIANT_FLAGS = ("fast_stats", "direct_dw", "lean_host")
+# log-prob / entropy vectors (two copy kernels and four allocations fewer per chunk). fast_grad: the
+# multi-row, autotuned `logits_to_grad`. fold_cast: the fp32 dW accumulator is cast to the weight's dtype
+# inside the backward's scaling by grad_output (one pass over dW instead of a cast and then a scale).
+VARIANT_FLAGS = ("fast_stats", "direct_dw", "lean_host", "fast_grad", "fold_cast")
 # A comma-separated subset of VARIANT_FLAGS, "all" or "default" (none); None: env GRPO_KERNELS_VARIANT
 VARIANT: str | None = None
 
@@ -116,7 +118,7 @@ def _chunk_loop(hidden2d, weight, bias, ids, *, inv_t, rows_per_chunk, token_gra
     n_rows, _ = hidden2d.shape
     vocab = weight.shape[0]
     flags = variant_flags()
-    fast_stats, direct_dw, lean_host = (f in flags for f in VARIANT_FLAGS)
+    fast_stats, direct_dw, lean_host, fast_grad, fold_cast = (f in flags for f in VARIANT_FLAGS)
     stats_dtype = torch.float64 if hidden2d.dtype == torch.float64 else torch.float32
     logps = torch.empty((n_rows,), device=hidden2d.device, dtype=stats_dtype)
     entropies = torch.empty_like(logps)
@@ -162,7 +164,7 @@ def _chunk_loop(hidden2d, weight, bias, ids, *, inv_t, rows_per_chunk, token_gra
             g = seq_grad(start, end, lp)
         if g is None:
             continue
-        triton_ops.logits_to_grad(tile, ids[start:end], lse, g, inv_t)
+        triton_ops.logits_to_grad(tile, ids[start:end], lse, g, inv_t, fast=fast_grad)
         if gh is not None:
             torch.mm(tile, weight, out=gh[start:end])
         if gw is not None and direct_dw and first:
@@ -173,11 +175,19 @@ def _chunk_loop(hidden2d, weight, bias, ids, *, inv_t, rows_per_chunk, token_gra
         if gb is not None:
             gb += tile.sum(0, dtype=gb.dtype)
     del buf, tile  # free the chunk buffer before the fp32 -> bf16 copy of dW
-    if gw is not None and gw.dtype != weight.dtype:
+    if gw is not None and gw.dtype != weight.dtype and not fold_cast:
         gw = gw.to(weight.dtype)
     if gb is not None:
         gb = gb.to(weight.dtype)
     return logps, entropies, gh, gw, gb
+
+
+def _scaled(grad: torch.Tensor, grad_output: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    # grad * grad_output in `dtype`: in place when it is already there; else (fold_cast: the fp32 dW
+    # accumulator) one kernel that reads fp32 and writes `dtype`
+    if grad.dtype == dtype:
+        return grad.mul_(grad_output.to(dtype))
+    return torch.mul(grad, grad_output.to(grad.dtype), out=torch.empty(grad.shape, dtype=dtype, device=grad.device))
 
 
 class _LossWithGrads(torch.autograd.Function):
@@ -186,6 +196,7 @@ class _LossWithGrads(torch.autograd.Function):
     @staticmethod
     def forward(ctx, loss, hidden, weight, bias, grads):  # type: ignore[override]
         ctx.grads = grads
+        ctx.dtypes = tuple(None if t is None else t.dtype for t in (hidden, weight, bias))
         return loss.clone()
 
     @staticmethod
@@ -193,7 +204,7 @@ class _LossWithGrads(torch.autograd.Function):
         if ctx.grads is None:
             raise RuntimeError("fused_linear_grpo_loss: backward can run only once (the gradients were handed over)")
         # In place: the gradients are ours, and a copy would cost another weight-sized buffer
-        out = [None if g is None else g.mul_(grad_output.to(g.dtype)) for g in ctx.grads]
+        out = [None if g is None else _scaled(g, grad_output, d) for g, d in zip(ctx.grads, ctx.dtypes)]
         ctx.grads = None
         return None, out[0], out[1], out[2], None
 

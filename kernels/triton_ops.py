@@ -220,6 +220,40 @@ def _logits_to_grad_kernel(logits_ptr, stride, targets_ptr, lse_ptr, grad_ptr, n
     tl.store(ptrs, (g * (onehot - p)).to(logits_ptr.dtype.element_ty), mask=valid)
 
 
+@_jit
+def _logits_to_grad_rows_kernel(
+    logits_ptr, stride, targets_ptr, lse_ptr, grad_ptr, n_rows, n_cols, inv_t, BLOCK: tl.constexpr,
+    ROWS: tl.constexpr,
+):  # fmt: skip
+    # The "fast_grad" variant of `_logits_to_grad_kernel`: a [ROWS, BLOCK] tile per program
+    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    rmask = rows < n_rows
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    valid = rmask[:, None] & (cols < n_cols)[None, :]
+    inv_t = tl.cast(inv_t, tl.float32)
+    ptrs = logits_ptr + rows[:, None] * stride + cols[None, :]
+    z = tl.load(ptrs, mask=valid, other=0.0).to(tl.float32) * inv_t
+    p = tl.exp(z - tl.load(lse_ptr + rows, mask=rmask, other=0.0)[:, None])
+    g = tl.load(grad_ptr + rows, mask=rmask, other=0.0) * inv_t
+    onehot = (cols[None, :] == tl.load(targets_ptr + rows, mask=rmask, other=-1)[:, None]).to(tl.float32)
+    tl.store(ptrs, (g[:, None] * (onehot - p)).to(logits_ptr.dtype.element_ty), mask=valid)
+
+
+# (ROWS, BLOCK, num_warps) tried by the "fast_grad" autotuner once per vocabulary width (the first is the
+# default kernel's shape); the buffer is restored between trials since the pass works in place
+FAST_GRAD_CONFIGS = (
+    (1, 4096, 8), (1, 4096, 4), (1, 8192, 8), (1, 8192, 16), (2, 4096, 8), (2, 4096, 16), (4, 2048, 8),
+    (2, 2048, 4), (4, 4096, 16),
+)  # fmt: skip
+
+if HAS_TRITON and not INTERPRET:
+    _logits_to_grad_rows_tuned = triton.autotune(
+        configs=[triton.Config({"ROWS": r, "BLOCK": b}, num_warps=w) for r, b, w in FAST_GRAD_CONFIGS],
+        key=["n_cols"],
+        restore_value=["logits_ptr"],
+    )(_logits_to_grad_rows_kernel)
+
+
 def _logits_to_grad_torch(logits, stride, targets, lse, grad, n_cols, inv_t, BLOCK):
     # `_logits_to_grad_kernel` in torch: the whole chunk at once
     del stride, n_cols, BLOCK
@@ -435,15 +469,33 @@ def logprob_stats(
 
 
 def logits_to_grad(
-    logits: torch.Tensor, targets: torch.Tensor, lse: torch.Tensor, grad_logps: torch.Tensor, inv_t: float
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    lse: torch.Tensor,
+    grad_logps: torch.Tensor,
+    inv_t: float,
+    *,
+    fast: bool = False,
 ) -> None:
-    """Overwrite `logits` [n, V] with d(loss)/d(logits) given d(loss)/d(log-prob) `grad_logps` [n]."""
+    """Overwrite `logits` [n, V] with d(loss)/d(logits) given d(loss)/d(log-prob) `grad_logps` [n].
+
+    `fast`: the multi-row "fast_grad" kernel (autotuned on CUDA; its first call per vocabulary width
+    clones the buffer to restore it between trials); same results.
+    """
     n, n_cols = logits.shape
-    if use_triton(logits.device):
+    if not use_triton(logits.device):
+        _logits_to_grad_torch(logits, logits.stride(0), targets, lse, grad_logps, n_cols, inv_t, GRAD_BLOCK)
+    elif fast and INTERPRET:
+        block, rows = _pow2_at_most(n_cols, GRAD_BLOCK), INTERPRET_FAST_ROWS
+        _logits_to_grad_rows_kernel[(-(-n // rows), -(-n_cols // block))](
+            logits, logits.stride(0), targets, lse, grad_logps, n, n_cols, inv_t, BLOCK=block, ROWS=rows
+        )
+    elif fast:
+        grid = lambda meta: (triton.cdiv(n, meta["ROWS"]), triton.cdiv(n_cols, meta["BLOCK"]))  # noqa: E731
+        _logits_to_grad_rows_tuned[grid](logits, logits.stride(0), targets, lse, grad_logps, n, n_cols, inv_t)
+    else:
         block = _pow2_at_most(n_cols, GRAD_BLOCK)
         grid = (n, -(-n_cols // block))
         _logits_to_grad_kernel[grid](
             logits, logits.stride(0), targets, lse, grad_logps, n_cols, inv_t, BLOCK=block, num_warps=8
         )
-    else:
-        _logits_to_grad_torch(logits, logits.stride(0), targets, lse, grad_logps, n_cols, inv_t, GRAD_BLOCK)

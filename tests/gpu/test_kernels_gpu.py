@@ -123,7 +123,7 @@ def test_selective_logprobs_bf16():
     torch.testing.assert_close(ent.double(), ref_ent, rtol=0.02, atol=0.05)
 
 
-@pytest.mark.parametrize("variant", ["fast_stats", "direct_dw", "lean_host", "all"])
+@pytest.mark.parametrize("variant", ["fast_stats", "direct_dw", "lean_host", "fast_grad", "fold_cast", "all"])
 def test_variants_match_fp64_reference_and_default(variant, monkeypatch):
     from grpo_kernels import functional
 
@@ -146,3 +146,14 @@ def test_fast_row_stats_matches_default_kernel():
     torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=1e-4)
     torch.testing.assert_close(got[1], want[1])
     assert buf[0][:, 301:].isnan().all()
+
+
+def test_fast_logits_to_grad_matches_default_kernel():
+    tile = (torch.randn(301, 151936, device="cuda") * 3).bfloat16()
+    ids = torch.randint(0, 151936, (301,), device="cuda")
+    lse = torch.logsumexp(tile.float(), 1)
+    grad = torch.randn(301, device="cuda")
+    want, got = tile.clone(), tile.clone()
+    triton_ops.logits_to_grad(want, ids, lse, grad, 1.0)
+    triton_ops.logits_to_grad(got, ids, lse, grad, 1.0, fast=True)
+    torch.testing.assert_close(got, want)  # bf16 tolerances: the same fp32 math, possibly contracted differently

@@ -1,4 +1,4 @@
-"""Opt-in variants of the chunk loop (fast_stats, direct_dw, lean_host, all): same numerics as the default.
+"""Opt-in variants of the chunk loop (fast_stats, direct_dw, lean_host, fast_grad, fold_cast, all): same numerics as the default.
 
 Each variant runs the default's reference comparisons on the torch twins and on the interpreted Triton
 kernels (`backend` fixture), fp32 and fp16; plus direct checks of the pieces that differ.
@@ -11,7 +11,7 @@ import torch
 from test_numerics import FP16_LOSS_RTOL, FP16_GRAD_COS, FP32_GRAD_COS, FP32_LOSS_RTOL, compare
 
 from grpo_kernels import functional, selective_logprobs, triton_ops
-from grpo_kernels.reference import reference_logprobs
+from grpo_kernels.reference import reference_grpo_loss, reference_logprobs
 
 
 def test_token_level_off_policy_bias_temperature(backend, variant, make_inputs):
@@ -75,6 +75,38 @@ def test_fast_row_stats_fills_every_output_like_the_default(backend, n):
     torch.testing.assert_close(parts, want_parts, rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(tgt, want_tgt)
     assert parts_buf[:, n:].isnan().all() and tgt_buf[n:].isnan().all()
+
+
+@pytest.mark.parametrize("n", [1, 5])
+def test_fast_logits_to_grad_equals_default(backend, n):
+    g = torch.Generator().manual_seed(n)
+    V = 150
+    logits = torch.randn(n, V, generator=g) * 2
+    targets = torch.randint(0, V, (n,), generator=g)
+    lse = torch.logsumexp(logits / 0.9, 1)
+    grad = torch.randn(n, generator=g)
+    want, got = logits.clone(), logits.clone()
+    triton_ops.logits_to_grad(want, targets, lse, grad, 1 / 0.9)
+    triton_ops.logits_to_grad(got, targets, lse, grad, 1 / 0.9, fast=True)
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("spec", ["fold_cast", "default"])
+def test_fp16_weight_grad_is_fp16_and_scaled_by_grad_output(spec, monkeypatch, make_inputs):
+    # fold_cast hands the fp32 accumulator to backward, which scales and casts in one pass
+    monkeypatch.setattr(functional, "VARIANT", spec)
+    inp = make_inputs(B=3, T=4, H=16, V=60, bias=False)
+    h, w = (inp[k].half().requires_grad_() for k in ("hidden", "weight"))
+    loss, _ = functional.fused_linear_grpo_loss(h, w, inp["ids"], inp["mask"], inp["adv"].half(), chunk_tokens=5)
+    (loss * -3.0).backward()
+    assert w.grad.dtype == torch.float16 and h.grad.dtype == torch.float16
+    h2, w2 = (inp[k].half().double().requires_grad_() for k in ("hidden", "weight"))
+    ref, _ = reference_grpo_loss(h2, w2, inp["ids"], inp["mask"], inp["adv"])
+    (ref * -3.0).backward()
+    for got, want in ((w.grad, w2.grad), (h.grad, h2.grad)):
+        got = got.double()
+        assert torch.nn.functional.cosine_similarity(got.flatten(), want.flatten(), dim=0) >= 0.9999
+        assert abs(got.norm() / want.norm() - 1) < 1e-2  # the -3 scale is applied once
 
 
 def test_mm_into_ignores_what_the_accumulator_held():
