@@ -170,3 +170,47 @@ def test_tiny_cpu_reward_rises(tiny_model_path: Path, tmp_path: Path) -> None:
     rewards = [r["reward"] for r in steps]
     first, last = sum(rewards[:20]) / 20, sum(rewards[-20:]) / 20
     assert last >= first + 0.15, (first, last)
+
+
+def test_control_reader_acts_once_and_reports_bad_files_once(tmp_path: Path) -> None:
+    from grpo_tui.control import ControlReader
+
+    path = tmp_path / "control.json"
+    reader = ControlReader(path)
+    assert reader.poll().empty  # no file yet
+    write_json_atomic(path, {"loss_impl": "trl", "request_id": 1})
+    first = reader.poll()
+    assert first.loss_impl == "trl" and not first.stop and first.request_id == 1
+    assert reader.poll().empty  # same request id: already acted on
+    write_json_atomic(path, {"loss_impl": "trl", "stop": True, "request_id": 2})
+    assert reader.poll().stop
+    path.write_text("[1, 2]")
+    assert "JSON object" in reader.poll().error
+    assert reader.poll().empty  # the same bad content is reported once
+    write_json_atomic(path, {"loss_impl": "fast", "request_id": 3})
+    assert "allowed: chunked, naive, trl" in reader.poll().error
+    write_json_atomic(path, {"stop": "yes", "request_id": 4})
+    assert "stop must be true or false" in reader.poll().error
+    write_json_atomic(path, {"stop": True})
+    assert "request_id" in reader.poll().error
+
+
+def test_phase_memory_charges_the_innermost_phase(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    from grpo_tui import memory
+
+    rss = iter([100.0, 100.0, 150.0, 400.0, 160.0, 170.0, 170.0] + [170.0] * 20)
+    monkeypatch.setattr(memory, "_rss_mib", lambda: next(rss))
+    phases = memory.PhaseMemory("cpu")
+    with phases.track("loss"):  # start 100
+        with phases.track("generation"):  # loss sampled at 100; generation starts at 150, ends at 400
+            pass
+        # loss resumes at 160, ends at 170
+    peaks = phases.take_step()
+    assert peaks == {"generation": 400.0, "loss": 170.0}
+    assert phases.take_step() == {}
+    with pytest.raises(torch.OutOfMemoryError):
+        with phases.track("scoring"):
+            raise torch.OutOfMemoryError("simulated")
+    assert phases.failed_phase == "scoring"
