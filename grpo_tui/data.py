@@ -68,8 +68,13 @@ def load_rows(source: str, split: str = "train"):  # -> datasets.Dataset
         raise DataError(f"data.source: cannot load {source!r} split {split!r}: {type(exc).__name__}: {exc}") from exc
 
 
-def build_prompt_dataset(data_section: Any, tokenizer: Any = None):  # -> datasets.Dataset
-    """Rows of `data_section.source` with a `prompt` column rendered from the template."""
+def build_prompt_dataset(data_section: Any, tokenizer: Any = None, max_prompt_length: int | None = None):
+    """Rows of `data_section.source` with a `prompt` column rendered from the template.
+
+    With a tokenizer and `max_prompt_length`, plain-text prompts longer than that many tokens keep their
+    last tokens (left truncation, as TRL did before 1.x dropped the option): the question's end and the
+    cue to answer survive. Chat prompts are left whole.
+    """
     rows = load_rows(data_section.source, data_section.split)
     if data_section.max_samples is not None:
         rows = rows.select(range(min(data_section.max_samples, len(rows))))
@@ -89,6 +94,10 @@ def build_prompt_dataset(data_section: Any, tokenizer: Any = None):  # -> datase
             return {"prompt": [{"role": "system", "content": data_section.system_prompt}, {"role": "user", "content": text}]}
         if data_section.system_prompt:
             text = f"{data_section.system_prompt}\n{text}"
+        if tokenizer is not None and max_prompt_length is not None:
+            ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+            if len(ids) > max_prompt_length:
+                text = tokenizer.decode(ids[-max_prompt_length:])
         return {"prompt": text}
 
     return rows.map(render, remove_columns=["prompt"] if "prompt" in columns else None)

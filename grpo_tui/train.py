@@ -135,7 +135,7 @@ def build_trainer(preset: Preset, run: RunDir, callbacks: list | None = None, on
     tokenizer = AutoTokenizer.from_pretrained(model_path, trust_remote_code=preset.model.trust_remote_code)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    dataset = build_prompt_dataset(preset.data, tokenizer)
+    dataset = build_prompt_dataset(preset.data, tokenizer, preset.grpo.max_prompt_length)
     rewards = [resolve_reward(spec.name) for spec in preset.rewards.functions]
     peft_config = None
     if preset.peft.enabled:

@@ -61,3 +61,14 @@ def test_bad_sources_and_templates(tmp_path: Path) -> None:
         load_rows("builtin:nope")
     with pytest.raises(DataError, match=r"data.prompt_template: refers to 'nope'"):
         build_prompt_dataset(DataSection(source="builtin:addition", prompt_template="{nope}"))
+
+
+def test_long_prompts_keep_their_last_tokens(tmp_path: Path) -> None:
+    from grpo_tui.tiny import build_tokenizer
+
+    path = tmp_path / "rows.jsonl"
+    path.write_text(json.dumps({"question": "a long preamble then 12+34=", "answer": "46"}))
+    dataset = build_prompt_dataset(DataSection(source=str(path)), build_tokenizer(), max_prompt_length=6)
+    assert dataset[0]["prompt"] == "12+34="
+    whole = build_prompt_dataset(DataSection(source=str(path)), build_tokenizer(), max_prompt_length=100)
+    assert whole[0]["prompt"] == "a long preamble then 12+34="
