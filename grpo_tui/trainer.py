@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 import torch
 from trl import GRPOTrainer
+from trl.trainer.utils import nanmax, nanmin
 
 # TRL features the chunked path does not implement; each is refused with the GRPOConfig field's name.
 _CHUNKED_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
@@ -268,8 +269,8 @@ class GrpoTuiTrainer(GRPOTrainer):
         def seq_mean(x: torch.Tensor) -> torch.Tensor:
             return x.squeeze(1) if x.shape[1] == 1 else (x * m).sum(-1) / m.sum(-1)
 
-        self._metrics[mode]["clip_ratio/low_min"].append(torch.nan_to_num(self.accelerator.gather(seq_mean(low)), nan=float("inf")).min().item())
-        self._metrics[mode]["clip_ratio/high_max"].append(torch.nan_to_num(self.accelerator.gather(seq_mean(high)), nan=float("-inf")).max().item())
+        self._metrics[mode]["clip_ratio/low_min"].append(nanmin(self.accelerator.gather(seq_mean(low))).item())
+        self._metrics[mode]["clip_ratio/high_max"].append(nanmax(self.accelerator.gather(seq_mean(high))).item())
 
     # ---- records ---------------------------------------------------------------------------------
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
