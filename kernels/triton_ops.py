@@ -143,6 +143,8 @@ def _row_stats_rows_kernel(
     row_ptrs = logits_ptr + rows[:, None] * stride
     seg_start = seg * SEG
     seg_end = tl.minimum(seg_start + SEG, n_cols)
+    # Issued before the stream so its latency overlaps it (the default kernel waits for it at the end)
+    target = tl.load(targets_ptr + rows, mask=rmask, other=-1)
     m = tl.full((ROWS,), -float("inf"), tl.float32)
     s = tl.full((ROWS,), 0.0, tl.float32)
     xs = tl.full((ROWS,), 0.0, tl.float32)
@@ -165,7 +167,6 @@ def _row_stats_rows_kernel(
     tl.store(part_max_ptr + out, m, mask=rmask)
     tl.store(part_sum_ptr + out, s, mask=rmask)
     tl.store(part_xsum_ptr + out, xs, mask=rmask)
-    target = tl.load(targets_ptr + rows, mask=rmask, other=-1)
     hit = rmask & (target >= seg_start) & (target < seg_end)
     t_logit = tl.load(logits_ptr + rows * stride + target, mask=hit, other=0.0).to(tl.float32) * inv_t
     tl.store(target_logit_ptr + rows, t_logit, mask=hit)

@@ -94,3 +94,49 @@ def test_variant_providers_run_their_variant_and_agree_on_cpu(monkeypatch):
     for provider in out:
         for a, b in zip(out[provider], out["naive"]):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_main_end_to_end_with_variants_on_cpu(monkeypatch, tmp_path, capsys):
+    # The whole CLI flow (records, checks of every variant against naive, JSON, table last) on tiny CPU
+    # inputs; only the CUDA-specific pieces are replaced: input placement and the event-timed measure
+    import json
+
+    def cpu_inputs(batch, seq, hidden, vocab, seed=0):
+        g = torch.Generator().manual_seed(seed)
+        return dict(
+            hidden=torch.randn(batch, seq, hidden, generator=g).requires_grad_(),
+            weight=(torch.randn(vocab, hidden, generator=g) * 0.3).requires_grad_(),
+            ids=torch.randint(0, vocab, (batch, seq), generator=g), mask=torch.ones(batch, seq, dtype=torch.long),
+            adv=torch.randn(batch, generator=g), ref=-torch.rand(batch, seq, generator=g) * 3 - 2,
+        )  # fmt: skip
+
+    calls = []
+
+    def cpu_measure(step, inp, reps, warmup=2):
+        calls.append(reps)
+        out = step()
+        if isinstance(out, torch.Tensor):
+            out.backward()
+        return 1.0 + len(calls), 0.0, 0.0
+
+    monkeypatch.setattr(bench, "make_inputs", cpu_inputs)
+    monkeypatch.setattr(bench, "measure", cpu_measure)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "cpu-test")
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    out = tmp_path / "k.json"
+    argv = ["--batch", "1,2", "--seq", "4", "--hidden", "8", "--vocab", "30", "--chunk-tokens", "3",
+            "--providers", "floor,naive,chunked,liger", "--variants", "fast_stats,all,default", "--reps", "3",
+            "--liger-reps", "1", "--out", str(out)]  # fmt: skip
+    assert bench.main(argv) == 0
+    res = json.loads(out.read_text())
+    provs = ["floor", "naive", "chunked", "liger", "chunked+fast_stats", "chunked+all", "chunked#2"]
+    assert [r["provider"] for r in res["records"]] == provs * 2
+    assert res["variants"] == {"chunked+fast_stats": "fast_stats", "chunked+all": "all", "chunked#2": "default (repeat)"}
+    assert res["reps"] == {"default": 3, "liger": 1}
+    for chk in res["checks"]:
+        for p in ("chunked", "chunked-lean", "chunked+fast_stats", "chunked+all"):
+            assert chk[p]["grad_weight_cos"] > 0.99999 and chk[p]["loss_rel_err"] < 1e-5, (p, chk[p])
+    printed = capsys.readouterr().out.strip().splitlines()
+    assert printed[-4].startswith("| batch (tokens) | floor | naive | chunked | liger | chunked+fast_stats |")
+    assert printed[-1].startswith("| 2 (8) |")
