@@ -54,4 +54,4 @@ class MetricChart(Widget):
             self._strips = [Strip(list(line.render(console))).adjust_cell_length(width).apply_style(base)
                             for line in text.split("\n", allow_blank=True)]
             self._strips_size = (width, height)
-        return self._strips[y] if y < len(self._strips) else Strip.blank(width)
+        return self._strips[y] if y < len(self._strips) else Strip.blank(width, self.rich_style)

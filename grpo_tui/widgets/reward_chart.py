@@ -9,7 +9,10 @@ from rich.text import Text
 from grpo_tui.widgets.braille import SWITCH_STYLE, Series
 from grpo_tui.widgets.metric_chart import MetricChart
 
-MEAN = "bold rgb(80,220,120)"
+MEAN = "rgb(50,140,80)"
+SMOOTH = "bold rgb(120,255,150)"
+# Weight of the past in the smoothed mean (TensorBoard-style EMA): the trend through noisy steps.
+SMOOTHING = 0.9
 BAND = "rgb(45,100,65)"
 FUNC_STYLES = ["rgb(95,175,255)", "rgb(215,135,255)", "rgb(255,135,95)", "rgb(255,215,95)", "rgb(135,215,215)"]
 
@@ -39,12 +42,13 @@ class RewardChart(MetricChart):
         title = Text("reward", style="bold")
         if self.ys:
             title.append(f"  mean {self.ys[-1]:.3f} ± {self.std[-1]:.3f}   ", style="bold rgb(80,220,120)")
+        title.append("━ smooth ", SMOOTH)
         title.append("━ mean ", MEAN)
         title.append("━ ±std ", BAND)
         for i, name in enumerate(self.funcs):
             title.append(f"━ {name} ", FUNC_STYLES[i % len(FUNC_STYLES)])
         if self.switches:
-            title.append("│ loss-impl switch", SWITCH_STYLE)
+            title.append("│ impl switch", SWITCH_STYLE)
         return title
 
     def series(self) -> list[Series]:
@@ -52,4 +56,14 @@ class RewardChart(MetricChart):
         lower = [m - s for m, s in zip(self.ys, self.std)]
         lines = [Series(self.xs, upper, BAND), Series(self.xs, lower, BAND)]
         lines += [Series(fx, fy, FUNC_STYLES[i % len(FUNC_STYLES)]) for i, (fx, fy) in enumerate(self.funcs.values())]
-        return lines + [Series(self.xs, self.ys, MEAN)]
+        return lines + [Series(self.xs, self.ys, MEAN), Series(self.xs, ema(self.ys, SMOOTHING), SMOOTH)]
+
+
+def ema(values: Sequence[float], weight: float) -> list[float]:
+    """Exponential moving average, debiased at the start (so it does not rise from zero)."""
+    out, avg, norm = [], 0.0, 0.0
+    for value in values:
+        avg = weight * avg + (1 - weight) * value
+        norm = weight * norm + (1 - weight)
+        out.append(avg / norm)
+    return out
