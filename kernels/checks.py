@@ -13,8 +13,14 @@ def _shape(t: torch.Tensor) -> str:
     return "(" + ", ".join(str(d) for d in t.shape) + ")"
 
 
-def check_head(hidden: torch.Tensor, weight: torch.Tensor, ids: torch.Tensor, bias: torch.Tensor | None) -> None:
-    """Check the lm_head inputs: hidden (..., H), weight (V, H), ids = hidden.shape[:-1], bias (V,)."""
+def check_head(
+    hidden: torch.Tensor, weight: torch.Tensor, ids: torch.Tensor, bias: torch.Tensor | None, *, sync: bool = True
+) -> None:
+    """Check the lm_head inputs: hidden (..., H), weight (V, H), ids = hidden.shape[:-1], bias (V,).
+
+    `sync=False` ("async_check" variant): on CUDA the ids' range is asserted on the device instead of read
+    back (no host sync; a bad id then fails as a device-side assert, not a ValueError).
+    """
     if not isinstance(hidden, torch.Tensor) or hidden.dim() < 2:
         raise ValueError("hidden must be a tensor of shape (B, T, H)")
     if hidden.dtype not in _FLOATS:
@@ -35,7 +41,9 @@ def check_head(hidden: torch.Tensor, weight: torch.Tensor, ids: torch.Tensor, bi
         raise ValueError(f"ids must have shape {tuple(hidden.shape[:-1])} (hidden.shape[:-1]), got {_shape(ids)}")
     if ids.dtype.is_floating_point or ids.dtype == torch.bool:
         raise ValueError(f"ids must be an integer tensor, got {ids.dtype}")
-    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= weight.shape[0]):
+    if ids.numel() and not sync and ids.is_cuda:
+        torch._assert_async(((ids >= 0) & (ids < weight.shape[0])).all())
+    elif ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= weight.shape[0]):
         raise ValueError(f"ids must lie in [0, {weight.shape[0]}) (the vocabulary size)")
 
 

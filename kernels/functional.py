@@ -41,7 +41,9 @@ _HAS_OUT_DTYPE = tuple(int(x) for x in torch.__version__.split("+")[0].split("."
 # log-prob / entropy vectors (two copy kernels and four allocations fewer per chunk). fast_grad: the
 # multi-row, autotuned `logits_to_grad`. fold_cast: the fp32 dW accumulator is cast to the weight's dtype
 # inside the backward's scaling by grad_output (one pass over dW instead of a cast and then a scale).
-VARIANT_FLAGS = ("fast_stats", "direct_dw", "lean_host", "fast_grad", "fold_cast")
+# async_check: the ids' range check runs on the device, without the default's host sync (which leaves the
+# GPU idle while the host prepares the first chunk, and in training drains the model's queued forward).
+VARIANT_FLAGS = ("fast_stats", "direct_dw", "lean_host", "fast_grad", "fold_cast", "async_check")
 # A comma-separated subset of VARIANT_FLAGS, "all" or "default" (none); None: env GRPO_KERNELS_VARIANT
 VARIANT: str | None = None
 
@@ -118,7 +120,7 @@ def _chunk_loop(hidden2d, weight, bias, ids, *, inv_t, rows_per_chunk, token_gra
     n_rows, _ = hidden2d.shape
     vocab = weight.shape[0]
     flags = variant_flags()
-    fast_stats, direct_dw, lean_host, fast_grad, fold_cast = (f in flags for f in VARIANT_FLAGS)
+    fast_stats, direct_dw, lean_host, fast_grad, fold_cast = (f in flags for f in VARIANT_FLAGS[:5])
     stats_dtype = torch.float64 if hidden2d.dtype == torch.float64 else torch.float32
     logps = torch.empty((n_rows,), device=hidden2d.device, dtype=stats_dtype)
     entropies = torch.empty_like(logps)
@@ -285,7 +287,7 @@ def _fused_linear_grpo_loss(
     chunk_tokens, lean,
 ):  # fmt: skip
     """`fused_linear_grpo_loss` with autocast resolved."""
-    check_head(hidden, weight, completion_ids, bias)
+    check_head(hidden, weight, completion_ids, bias, sync="async_check" not in variant_flags())
     check_loss_args(
         hidden, completion_mask, advantages, old_logps, ref_logps, beta=beta, epsilon_low=epsilon_low,
         epsilon_high=epsilon_high, loss_type=loss_type, temperature=temperature,

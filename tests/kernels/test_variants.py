@@ -120,6 +120,16 @@ def test_mm_into_ignores_what_the_accumulator_held():
     assert not acc16.isnan().any()
 
 
+def test_async_check_still_rejects_bad_ids_off_cuda(monkeypatch, make_inputs):
+    # On CPU there is no device queue to drain: the range check stays a clear ValueError
+    monkeypatch.setattr(functional, "VARIANT", "async_check")
+    inp = make_inputs(V=20, bias=False)
+    ids = inp["ids"].clone()
+    ids[0, 0] = 20
+    with pytest.raises(ValueError, match=r"ids must lie in \[0, 20\)"):
+        functional.fused_linear_grpo_loss(inp["hidden"], inp["weight"], ids, inp["mask"], inp["adv"])
+
+
 def test_variant_specs_and_switches(monkeypatch):
     assert functional.parse_variant(None) == frozenset()
     assert functional.parse_variant("default") == frozenset()
