@@ -40,7 +40,7 @@ def _wait_step(run: Path, step: int, timeout: float) -> int:
     return last
 
 
-def real_runs(workdir: Path, steps: int, switch_at: int) -> tuple[Path, Path]:
+def real_runs(workdir: Path, steps: int, switch_at: int, started: list[Path]) -> tuple[Path, Path]:
     """Start run A (chunked → baseline at `switch_at`) and run B (baseline); return once A is past
     the switch, B finished. A keeps training (the dashboard is captured live)."""
     from grpo_tui import runner
@@ -52,16 +52,27 @@ def real_runs(workdir: Path, steps: int, switch_at: int) -> tuple[Path, Path]:
     baseline = preset.loss.baseline
     run_b = runner.prepare_run(preset, [f"loss.impl={baseline}", f"grpo.max_steps={steps // 2}"], runs)
     runner.spawn_detached(run_b.path)
+    started.append(run_b.path)
     print(f"run B ({baseline}): {run_b.path}", flush=True)
-    _wait_step(run_b.path, steps // 2, timeout=600)
+    _require(run_b.path, _wait_step(run_b.path, steps // 2, timeout=600), steps // 2)
     time.sleep(1.0)  # a new run folder name needs a new second
     run_a = runner.prepare_run(preset, ["loss.impl=chunked", f"grpo.max_steps={steps}"], runs)
     runner.spawn_detached(run_a.path)
+    started.append(run_a.path)
     print(f"run A (chunked → {baseline}): {run_a.path}", flush=True)
-    _wait_step(run_a.path, switch_at, timeout=600)
+    _require(run_a.path, _wait_step(run_a.path, switch_at, timeout=600), switch_at)
     RunDir(run_a.path).request(loss_impl=baseline)
-    _wait_step(run_a.path, switch_at + (steps - switch_at) // 4, timeout=600)
+    target = switch_at + (steps - switch_at) // 4
+    _require(run_a.path, _wait_step(run_a.path, target, timeout=600), target)
     return run_a.path, run_b.path
+
+
+def _require(run: Path, reached: int, wanted: int) -> None:
+    """Stop (keeping the screenshots already committed) when a real run died before `wanted`."""
+    if reached < wanted:
+        tail = (run / "stdout.log").read_text(encoding="utf-8", errors="replace").strip().splitlines()[-1:]
+        raise SystemExit(f"screenshots: {run.name} stopped at step {reached} (< {wanted}): "
+                         f"{tail[0] if tail else 'see its stdout.log'}; no screenshot written")
 
 
 def recorded_runs(workdir: Path) -> tuple[Path, Path, object]:
@@ -148,23 +159,25 @@ def main(argv: list[str] | None = None) -> int:
     cwd = Path.cwd()
     os.chdir(workdir)  # the app shows run paths relative to here
     run_a = writer = None
+    started: list[Path] = []  # real runs to stop on the way out, whatever happens
     try:
         if args.recorded:
             print("screenshots from the RECORDED fixture (grpo_tui.demo), not a real run", flush=True)
             run_a, run_b, writer = recorded_runs(workdir)
             note = " (recorded fixture)"
         else:
-            run_a, run_b = real_runs(workdir, args.steps, switch_at=args.steps // 4)
+            run_a, run_b = real_runs(workdir, args.steps, args.steps // 4, started)
             note = ""
         saved = asyncio.run(capture(workdir, run_a, run_b, out, note))
     finally:
         os.chdir(cwd)
         if writer is not None:
             writer.stop()  # type: ignore[attr-defined]
-        if run_a is not None and not args.recorded:
+        if started:
             from grpo_tui import runner
 
-            runner.stop_run(run_a, force=True)
+            for run in started:
+                runner.stop_run(run, force=True)
         if not args.keep:
             shutil.rmtree(workdir, ignore_errors=True)
     for svg in saved:

@@ -40,8 +40,9 @@ class RewardChart(MetricChart):
 
     def chart_title(self) -> Text:
         title = Text("reward", style="bold")
-        if self.ys:
-            title.append(f"  mean {self.ys[-1]:.3f} ± {self.std[-1]:.3f}   ", style="bold rgb(80,220,120)")
+        if not self.ys:
+            return title
+        title.append(f"  mean {self.ys[-1]:.3f} ± {self.std[-1]:.3f}   ", style="bold rgb(80,220,120)")
         title.append("━ smooth ", SMOOTH)
         title.append("━ mean ", MEAN)
         title.append("━ ±std ", BAND)
