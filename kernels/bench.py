@@ -4,7 +4,7 @@ Run: `python -m grpo_kernels.bench --batch 8,32,64 --out kernel.json` (CUDA only
 Providers: floor (the 3 GEMMs at full size), naive (materialised logits + autograd), trl (TRL 1.16's
 ChunkedLogProbFunction + the GRPO loss math), liger (LigerFusedLinearGRPOLoss), chunked (ours) and
 chunked-lean. "extra peak" = max_memory_allocated above what the inputs hold, gradients included.
-`--variants fast_stats,fast_grad,direct_dw,fold_cast,lean_host,async_check,all,default` also times ours with each opt-in variant of the
+`--variants fast_stats,fast_grad,direct_dw,fold_cast,lean_host,async_check,balanced,all,default` also times ours with each opt-in variant of the
 chunk loop (see `functional.VARIANT_FLAGS`) as providers `chunked+<variant>` ("default" again as
 `chunked#2`: the run-to-run spread), side by side in the same run and table.
 """
@@ -300,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--variants", default="", help="also time ours with these opt-in variants (a+b combines; "
                     "all = every flag; default = the plain one again), e.g. fast_stats,fast_grad,direct_dw,"
-                    "fold_cast,lean_host,async_check,all,default")
+                    "fold_cast,lean_host,async_check,balanced,all,default")
     ap.add_argument("--liger-reps", type=int, default=None, help="reps for liger (~2 s each at 32k tokens); "
                     "default --reps")
     ap.add_argument("--no-check", action="store_true", help="skip the correctness check of ours vs naive")

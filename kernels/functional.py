@@ -43,7 +43,9 @@ _HAS_OUT_DTYPE = tuple(int(x) for x in torch.__version__.split("+")[0].split("."
 # inside the backward's scaling by grad_output (one pass over dW instead of a cast and then a scale).
 # async_check: the ids' range check runs on the device, without the default's host sync (which leaves the
 # GPU idle while the host prepares the first chunk, and in training drains the model's queued forward).
-VARIANT_FLAGS = ("fast_stats", "direct_dw", "lean_host", "fast_grad", "fold_cast", "async_check")
+# balanced: equal chunks (e.g. 22 x 1,490 rows at 32,768 tokens instead of 21 x 1,536 + 512): the small
+# last chunk's dW GEMM (K = 512) is bound by its fp32 accumulator's read + write, not by its math.
+VARIANT_FLAGS = ("fast_stats", "direct_dw", "lean_host", "fast_grad", "fold_cast", "async_check", "balanced")
 # A comma-separated subset of VARIANT_FLAGS, "all" or "default" (none); None: env GRPO_KERNELS_VARIANT
 VARIANT: str | None = None
 
@@ -298,6 +300,10 @@ def _fused_linear_grpo_loss(
     vocab = weight.shape[0]
     stats_dtype = torch.float64 if hidden.dtype == torch.float64 else torch.float32
     rows = chunk_tokens or default_chunk_tokens(vocab, hidden.dtype, lean)
+    if "balanced" in variant_flags():
+        n_chunks = -(-(batch * seq) // rows)
+        even = -(-(batch * seq) // n_chunks)
+        rows = min(rows, -(-even // 16) * 16 if rows >= 256 else even)  # 16-row multiples keep GEMMs aligned
     if importance_sampling_level == "sequence":
         rows = max(1, rows // seq) * seq  # the sequence ratio couples a sequence's tokens
     grad_on = torch.is_grad_enabled()

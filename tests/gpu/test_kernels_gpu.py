@@ -123,7 +123,7 @@ def test_selective_logprobs_bf16():
     torch.testing.assert_close(ent.double(), ref_ent, rtol=0.02, atol=0.05)
 
 
-@pytest.mark.parametrize("variant", ["fast_stats", "direct_dw", "lean_host", "fast_grad", "fold_cast", "async_check", "all"])
+@pytest.mark.parametrize("variant", ["fast_stats", "direct_dw", "lean_host", "fast_grad", "fold_cast", "async_check", "balanced", "all"])
 def test_variants_match_fp64_reference_and_default(variant, monkeypatch):
     from grpo_kernels import functional
 

@@ -69,7 +69,7 @@ def _make_inputs(
     return dict(hidden=hidden, weight=weight, bias=b, ids=ids, mask=mask, adv=adv, ref=ref, old=old)
 
 
-@pytest.fixture(params=["fast_stats", "direct_dw", "lean_host", "fast_grad", "fold_cast", "async_check", "all"])
+@pytest.fixture(params=["fast_stats", "direct_dw", "lean_host", "fast_grad", "fold_cast", "async_check", "balanced", "all"])
 def variant(request, monkeypatch):
     """Switch on one opt-in variant of the chunk loop (grpo_kernels.functional.VARIANT) for the test."""
     from grpo_kernels import functional
