@@ -157,3 +157,13 @@ def test_fast_logits_to_grad_matches_default_kernel():
     triton_ops.logits_to_grad(want, ids, lse, grad, 1.0)
     triton_ops.logits_to_grad(got, ids, lse, grad, 1.0, fast=True)
     torch.testing.assert_close(got, want)  # bf16 tolerances: the same fp32 math, possibly contracted differently
+
+
+def test_direct_dw_first_gemm_ignores_poisoned_accumulator():
+    from grpo_kernels.functional import _mm_into
+
+    a = torch.randn(4096, 700, device="cuda").bfloat16()
+    b = torch.randn(700, 256, device="cuda").bfloat16()
+    acc = torch.full((4096, 256), float("nan"), device="cuda")
+    _mm_into(acc, a, b)
+    torch.testing.assert_close(acc, a.float() @ b.float(), rtol=1e-4, atol=1e-3)
