@@ -174,9 +174,11 @@ def _row_stats_rows_kernel(
 
 # (ROWS, BLOCK, num_warps, num_stages) tried by the "fast_stats" autotuner once per vocabulary width: 16-byte
 # loads need BLOCK / (32 * warps) >= 8 bf16 per thread; more rows per program amortise the reductions
+# (the default kernel's own shapes, ROWS = 1 and BLOCK = 4096 at 2-16 warps, are among them)
 FAST_STATS_CONFIGS = (
-    (1, 4096, 8, 1), (1, 4096, 16, 1), (2, 4096, 8, 1), (2, 4096, 16, 1), (4, 4096, 16, 1),
-    (2, 2048, 8, 1), (4, 2048, 8, 1), (4, 2048, 16, 1), (8, 1024, 8, 1), (2, 2048, 8, 3), (4, 1024, 4, 3),
+    (1, 4096, 2, 1), (1, 4096, 4, 1), (1, 4096, 8, 1), (1, 4096, 16, 1), (2, 4096, 4, 1), (2, 4096, 8, 1),
+    (2, 4096, 16, 1), (4, 4096, 16, 1), (2, 2048, 8, 1), (4, 2048, 8, 1), (4, 2048, 16, 1), (8, 1024, 8, 1),
+    (2, 2048, 8, 3), (4, 1024, 4, 3),
 )  # fmt: skip
 # Rows per program of the fast kernel under the interpreter (tests): > 1 so row masking is exercised
 INTERPRET_FAST_ROWS = 2
