@@ -16,8 +16,10 @@ import torch
 
 if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
-    if "grpo_kernels.triton_ops" in sys.modules and not sys.modules["grpo_kernels.triton_ops"].INTERPRET:
-        importlib.reload(sys.modules["grpo_kernels.triton_ops"])
+    # triton_fast first: triton_ops' reload picks up the module object it finds
+    for name in ("grpo_kernels.triton_fast", "grpo_kernels.triton_ops"):
+        if name in sys.modules and not sys.modules[name].INTERPRET:
+            importlib.reload(sys.modules[name])
 
 from grpo_kernels import triton_ops  # noqa: E402
 
