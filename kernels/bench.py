@@ -4,8 +4,8 @@ Run: `python -m grpo_kernels.bench --batch 8,32,64 --out kernel.json` (CUDA only
 Providers: floor (the 3 GEMMs at full size), naive (materialised logits + autograd), trl (TRL 1.16's
 ChunkedLogProbFunction + the GRPO loss math), liger (LigerFusedLinearGRPOLoss), chunked (ours) and
 chunked-lean. "extra peak" = max_memory_allocated above what the inputs hold, gradients included.
-`--variants fast_stats,fast_grad,direct_dw,fold_cast,lean_host,async_check,balanced,all,default` also times ours with each opt-in variant of the
-chunk loop (see `functional.VARIANT_FLAGS`) as providers `chunked+<variant>` ("default" again as
+`--variants fast_stats,fast_grad,direct_dw,fold_cast,lean_host,async_check,balanced,all,default`
+also times ours with each opt-in variant of the chunk loop (see `functional.VARIANT_FLAGS`) as providers `chunked+<variant>` ("default" again as
 `chunked#2`: the run-to-run spread), side by side in the same run and table.
 """
 
@@ -196,13 +196,14 @@ def profile_chunk(rows: int, hidden: int, vocab: int) -> dict:
     stages = {
         "logits_gemm": lambda: torch.mm(h, w.t(), out=tile),
         "row_stats": lambda: triton_ops.row_stats(tile, ids, 1.0),
+        # fast_stats variant, on the same logits (the stages below overwrite the tile)
+        "row_stats_fast": lambda: triton_ops.row_stats(tile, ids, 1.0, fast=True),
         "finish_rows_grad": lambda: triton_ops.finish_rows(parts, tgt, grad_inputs),
         "logits_to_grad": lambda: triton_ops.logits_to_grad(tile, ids, lse, gvec, 1.0),
         "dh_gemm": lambda: torch.mm(tile, w, out=gh),
         "dw_gemm_fp32acc": lambda: _addmm_acc(acc32, tile.t(), h),
         "dw_gemm_bf16acc": lambda: _addmm_acc(acc16, tile.t(), h),
-        # The variants' stages: multi-row autotuned row_stats, first dW GEMM with beta = 0, the zero-fill
-        "row_stats_fast": lambda: triton_ops.row_stats(tile, ids, 1.0, fast=True),
+        # The variants' stages: first dW GEMM with beta = 0, the zero-fill it replaces, fast_grad
         "dw_gemm_fp32_direct": lambda: _mm_into(acc32, tile.t(), h),
         "dw_acc_zero_fill": lambda: acc32.zero_(),
         "logits_to_grad_fast": lambda: triton_ops.logits_to_grad(tile, ids, lse, gvec, 1.0, fast=True),
