@@ -5,8 +5,8 @@ Providers: floor (the 3 GEMMs at full size), naive (materialised logits + autogr
 ChunkedLogProbFunction + the GRPO loss math), liger (LigerFusedLinearGRPOLoss), chunked (ours) and
 chunked-lean. "extra peak" = max_memory_allocated above what the inputs hold, gradients included.
 `--variants fast_stats,fast_grad,direct_dw,fold_cast,lean_host,async_check,balanced,all,default`
-also times ours with each opt-in variant of the chunk loop (see `functional.VARIANT_FLAGS`) as providers `chunked+<variant>` ("default" again as
-`chunked#2`: the run-to-run spread), side by side in the same run and table.
+also times ours with each opt-in variant of the chunk loop (see `functional.VARIANT_FLAGS`) as providers
+`chunked+<variant>` ("default" again as `chunked#2`: the run-to-run spread), side by side in one run.
 """
 
 from __future__ import annotations
