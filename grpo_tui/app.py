@@ -111,6 +111,8 @@ class GrpoTuiApp(App[int]):
 
     def on_run_started(self, message: RunStarted) -> None:
         self.live_runs.add(message.run_path)
+        if not self.runs_dir_given:  # the preset's logging.runs_dir: list the runs where they are
+            self.runs_dir = message.run_path.parent
         self.open_run(message.run_path)
 
     def on_run_start_failed(self, message: RunStartFailed) -> None:

@@ -174,6 +174,11 @@ class PresetScreen(Screen[None]):
         # Enter is the screen's (priority) binding, so this comes from a mouse click on a run's row.
         self.app.action_open_run(self.query_one(RunsTable))  # type: ignore[attr-defined]
 
+    def on_screen_resume(self) -> None:
+        # Back from a dashboard or the editor: runs may have started or ended meanwhile.
+        self.query_one(RunsTable).refresh_runs()
+        self.query_one("#runs-box").border_title = f"Runs in {self.app.runs_dir}"  # type: ignore[attr-defined]
+
     def action_enter(self) -> None:
         focused = self.focused
         if isinstance(focused, DataTable):

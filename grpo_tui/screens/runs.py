@@ -39,6 +39,9 @@ class RunsScreen(Screen[None]):
         # Enter is the screen's (priority) binding, so this comes from a mouse click on a row.
         self.action_open()
 
+    def on_screen_resume(self) -> None:
+        self.query_one(RunsTable).refresh_runs()  # back from a dashboard: statuses may have changed
+
     def action_open(self) -> None:
         self.app.action_open_run(self.query_one(RunsTable))  # type: ignore[attr-defined]
 

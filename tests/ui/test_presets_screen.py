@@ -166,3 +166,18 @@ async def test_relative_runs_dir_shows_relative_paths(app_factory, tmp_path) -> 
     async with app.run_test(size=SIZE) as pilot:
         await pilot.pause()
         assert "runs/<YYYYmmdd-HHMMSS>-tiny-cpu/accelerate.yaml" in _text(app, "#preset-command")
+
+
+async def test_back_from_a_dashboard_the_runs_list_shows_the_new_run(app_factory, runs_dir) -> None:
+    def launcher(preset, runs_dir_arg):  # noqa: ANN001, ANN202
+        return make_run(runs_dir / "20260105-000000-tiny-cpu", steps=5).path, None
+
+    app = app_factory(launcher=launcher)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        table = app.screen.query_one(RunsTable)
+        await wait_for(pilot, lambda: table.runs == [] and "no runs yet" in str(table.parent.border_subtitle))
+        await pilot.press("s")
+        await wait_for(pilot, lambda: isinstance(app.screen, DashboardScreen))
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: [r.name for r in table.runs] == ["20260105-000000-tiny-cpu"])
