@@ -20,11 +20,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from grpo_tui.memory import MEMORY_CAP_ENV
 from grpo_tui.metrics import PHASES, read_records
 
 MIB_PER_GIB = 1024.0
-# The env var the trainer reads to cap this process's GPU memory (torch.cuda.set_per_process_memory_fraction).
-MEMORY_CAP_ENV = "GRPO_TUI_MEMORY_CAP_GIB"
 
 
 @dataclass

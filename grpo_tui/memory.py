@@ -17,6 +17,29 @@ from contextlib import contextmanager
 from typing import Any, Iterator
 
 MIB = 2**20
+# `grpo-tui max-batch --memory-cap GiB` sets this to emulate a smaller card (read by each training process).
+MEMORY_CAP_ENV = "GRPO_TUI_MEMORY_CAP_GIB"
+
+
+def apply_memory_cap(device: Any) -> float | None:
+    """Cap this process's CUDA allocator at $GRPO_TUI_MEMORY_CAP_GIB; returns the cap, or None when unset/CPU."""
+    raw = os.environ.get(MEMORY_CAP_ENV)
+    if not raw:
+        return None
+    try:
+        cap_gib = float(raw)
+    except ValueError:
+        raise ValueError(f"{MEMORY_CAP_ENV}: got {raw!r}; allowed: a positive number of GiB") from None
+    if cap_gib <= 0:
+        raise ValueError(f"{MEMORY_CAP_ENV}: got {raw!r}; allowed: a positive number of GiB")
+    import torch
+
+    device = torch.device(device)
+    if device.type != "cuda":
+        return None
+    total_gib = torch.cuda.get_device_properties(device).total_memory / 2**30
+    torch.cuda.set_per_process_memory_fraction(min(1.0, cap_gib / total_gib), device)
+    return cap_gib
 
 
 def _rss_mib() -> float:

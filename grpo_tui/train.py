@@ -118,10 +118,12 @@ def build_trainer(preset: Preset, run: RunDir, callbacks: list | None = None, on
     from transformers import AutoTokenizer
 
     from grpo_tui.data import build_prompt_dataset
+    from grpo_tui.memory import apply_memory_cap
     from grpo_tui.rewards import resolve_reward
     from grpo_tui.trainer import GrpoTuiTrainer
 
     state = PartialState()
+    apply_memory_cap(state.device)
     with state.main_process_first():
         model_path = resolve_model(preset)
     from grpo_tui.tiny import BUILTIN_MODEL

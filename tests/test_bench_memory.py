@@ -51,3 +51,16 @@ def test_list_arguments_reject_bad_values():
             _int_list(bad)
     with pytest.raises(argparse.ArgumentTypeError, match="allowed"):
         _impl_list("chunked,fast")
+
+
+def test_memory_cap_env_is_validated_and_ignored_on_cpu(monkeypatch):
+    from grpo_tui.memory import MEMORY_CAP_ENV, apply_memory_cap
+
+    monkeypatch.delenv(MEMORY_CAP_ENV, raising=False)
+    assert apply_memory_cap("cpu") is None
+    monkeypatch.setenv(MEMORY_CAP_ENV, "24")
+    assert apply_memory_cap("cpu") is None  # a cap only exists for a CUDA allocator
+    for bad in ("lots", "0", "-3"):
+        monkeypatch.setenv(MEMORY_CAP_ENV, bad)
+        with pytest.raises(ValueError, match="allowed: a positive number of GiB"):
+            apply_memory_cap("cpu")

@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# GPU measurements for issues 3, 4 and 6 in as few device calls as possible.
+#
+# Run from the repository root on a CUDA machine that has torch, triton, transformers, accelerate and
+# peft (the device image), with the missing packages as wheels in .whl/ and GSM8K in .devdata/:
+#   bash benchmarks/gpu_e2e.sh PHASE...     PHASE: tests kernel memory maxbatch parity
+# Results land in $OUT (default ./gpu-out): one folder per phase plus a log; a table is printed last.
+set -uo pipefail
+OUT=${OUT:-$PWD/gpu-out}
+mkdir -p "$OUT"
+ROOT=$PWD
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
+export GRPO_TUI_CACHE_DIR=/tmp/grpo-cache
+
+if [ -d .whl ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+fi
+# grpo_kernels is the folder kernels/: expose it under its import name without installing the project.
+mkdir -p /tmp/pp && ln -sfn "$ROOT/kernels" /tmp/pp/grpo_kernels
+export PYTHONPATH=/tmp/pp:$ROOT:/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
+
+GSM8K=$ROOT/.devdata/gsm8k/test.jsonl
+# The Qwen3-0.6B shape with random weights on GSM8K prompts: the issue-6 anchor's setup
+# (completion 256, 8 generations, gradient checkpointing, beta 0.04, one micro-batch per step).
+E2E_SETS=(--set model.name_or_path=builtin:qwen3-0.6b-shape --set "data.source=$GSM8K"
+          --set grpo.gradient_accumulation_steps=1 --set grpo.max_completion_length=256
+          --set grpo.gradient_checkpointing=true --set grpo.beta=0.04 --set logging.completions_per_step=0)
+
+for phase in "$@"; do
+  echo "=== phase $phase $(date -u +%T)"
+  case $phase in
+    tests)
+      python3 -m pytest -q -p no:cacheprovider tests/gpu 2>&1 | tail -25 | tee "$OUT/gpu-tests.log"
+      ;;
+    kernel)
+      timeout 300 python3 -m grpo_kernels.bench ${KERNEL_ARGS:---batch 8,32,64} --out "$OUT/kernel-h200.json" 2>&1 | tail -30
+      ;;
+    memory)
+      python3 -c "from grpo_tui.shapes import build_shaped_model as b; print(b('qwen3-0.6b-shape'))" || exit 1
+      timeout 420 python3 -m grpo_tui.cli bench memory qwen3-0.6b-gsm8k "${E2E_SETS[@]}" \
+        --batch "${MEM_BATCH:-16,64,128}" --impl chunked,naive,trl --steps 2 \
+        --runs-dir /tmp/runs-mem --out "$OUT/memory" 2>&1 | tail -20
+      ;;
+    maxbatch)
+      python3 -c "from grpo_tui.shapes import build_shaped_model as b; print(b('qwen3-0.6b-shape'))" || exit 1
+      # The two searches share the GPU (each capped at 24 GiB): only memory is compared, not time.
+      for impl in chunked naive; do
+        timeout 400 python3 -m grpo_tui.cli max-batch qwen3-0.6b-gsm8k "${E2E_SETS[@]}" --impl $impl \
+          --memory-cap 24 --start "${MB_START:-64}" --limit 2048 --runs-dir /tmp/runs-mb-$impl \
+          --out "$OUT/maxbatch-$impl" > "$OUT/maxbatch-$impl.log" 2>&1 &
+      done
+      wait
+      tail -4 "$OUT"/maxbatch-*.log
+      ;;
+    parity)
+      # Reward parity: the tiny model learning addition on the GPU, chunked vs naive, same seed, bf16.
+      for impl in chunked naive; do
+        timeout 400 python3 -m grpo_tui.cli run tiny-cpu --headless --runs-dir /tmp/runs-parity-$impl \
+          --set distributed.use_cpu=false --set loss.impl=$impl --set "grpo.max_steps=${PARITY_STEPS:-150}" \
+          --set model.dtype=bfloat16 > "$OUT/parity-$impl.log" 2>&1 &
+      done
+      wait
+      mkdir -p "$OUT/parity"
+      for impl in chunked naive; do cp /tmp/runs-parity-$impl/*/metrics.jsonl "$OUT/parity/$impl.jsonl"; done
+      tail -2 "$OUT"/parity-*.log
+      ;;
+    *) echo "unknown phase $phase; allowed: tests kernel memory maxbatch parity" >&2; exit 2 ;;
+  esac
+done
+echo "=== done $(date -u +%T)"
+# The device returns at most 8 files: pack everything into one archive.
+tar czf /tmp/gpu-out.tgz -C "$OUT" . && find "$OUT" -mindepth 1 -delete && mv /tmp/gpu-out.tgz "$OUT/"
