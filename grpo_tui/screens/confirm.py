@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from rich.markup import escape  # "[y]" is a key hint, not markup
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
@@ -32,8 +33,8 @@ class ConfirmScreen(ModalScreen[bool]):
             if self.detail:
                 yield Label(self.detail, id="detail", classes="dialog-detail")
             with Horizontal(classes="dialog-buttons"):
-                yield Button(f"{self.yes_label} [y]", id="yes", variant="error")
-                yield Button(f"{self.no_label} [n]", id="no", variant="primary")
+                yield Button(escape(f"{self.yes_label} [y]"), id="yes", variant="error")
+                yield Button(escape(f"{self.no_label} [n]"), id="no", variant="primary")
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
         event.stop()
@@ -68,9 +69,9 @@ class QuitScreen(ModalScreen[str]):
             yield Label(f"Still running: {runs}", classes="dialog-detail")
             yield Label("Runs live on when the app closes; reopen grpo-tui to re-attach.", classes="dialog-detail")
             with Horizontal(classes="dialog-buttons"):
-                yield Button("Leave running [l]", id="leave", variant="primary")
-                yield Button("Stop run [s]", id="stop", variant="error")
-                yield Button("Cancel [n]", id="cancel")
+                yield Button(escape("Leave running [l]"), id="leave", variant="primary")
+                yield Button(escape("Stop run [s]"), id="stop", variant="error")
+                yield Button(escape("Cancel [n]"), id="cancel")
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
         event.stop()

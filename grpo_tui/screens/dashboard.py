@@ -241,7 +241,7 @@ class DashboardScreen(Screen[None]):
         force = self._stop_requests > 0
         question = "Kill the run's processes now?" if force else "Stop this run?"
         detail = ("A stop was already requested: this kills the process group (SIGTERM, then SIGKILL)."
-                  if force else "The trainer stops at its next step boundary; metrics are kept. x again kills.")
+                  if force else "The trainer stops at its next step boundary; metrics are kept. Press x again to kill it.")
         self.app.push_screen(ConfirmScreen(question, detail, yes="Kill" if force else "Stop"),
                              lambda yes: self._stop(force) if yes else None)
 
