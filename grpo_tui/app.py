@@ -17,7 +17,7 @@ from textual import work
 from textual.app import App
 from textual.binding import Binding
 
-from grpo_tui.messages import RunStarted, RunStartFailed
+from grpo_tui.messages import RunStarted, RunStartFailed, StopRequested
 from grpo_tui.presets import Preset
 
 # Starts a preset: returns the run folder and the supervisor's pid (tests inject a fake).
@@ -128,8 +128,8 @@ class GrpoTuiApp(App[int]):
         if run is not None:
             self.open_run(run.path)
 
-    def stop_run(self, path: Path, force: bool) -> None:
-        self._stop(path, force)
+    def on_stop_requested(self, message: StopRequested) -> None:
+        self._stop(message.run_path, message.force)
 
     @work(thread=True, group="stop")
     def _stop(self, path: Path, force: bool) -> None:

@@ -28,14 +28,6 @@ class RunStartFailed(Message):
 
 
 @dataclass
-class PresetSaved(Message):
-    """A user preset was written to the user presets folder."""
-
-    name: str
-    path: Path
-
-
-@dataclass
 class LossImplRequested(Message):
     """The user asked a run to switch its loss implementation (control.json written)."""
 

@@ -18,7 +18,7 @@ from textual.screen import Screen
 from textual.widgets import Footer, Header, Static, TabbedContent, TabPane
 from textual.worker import get_current_worker
 
-from grpo_tui.messages import LossImplRequested
+from grpo_tui.messages import LossImplRequested, StopRequested
 from grpo_tui.screens.dashboard_feed import METRIC_CHARTS, DashboardFeed, DashboardView
 from grpo_tui.widgets.alerts_panel import AlertBanner, AlertsPanel
 from grpo_tui.widgets.completions_browser import CompletionsBrowser
@@ -247,7 +247,7 @@ class DashboardScreen(Screen[None]):
 
     def _stop(self, force: bool) -> None:
         self._stop_requests += 1
-        self.app.stop_run(self.run_path, force)  # type: ignore[attr-defined]
+        self.post_message(StopRequested(self.run_path, force))  # the app does it (it outlives this screen)
 
     @on(CompletionsBrowser.StepChosen)
     def _step_chosen(self, event: CompletionsBrowser.StepChosen) -> None:
