@@ -19,6 +19,7 @@ from typing import Any
 from grpo_tui.alerts import Alert, AlertLog, detect_alerts
 from grpo_tui.completions import CompletionIndex, PromptGroup
 from grpo_tui.metrics import PHASES
+from grpo_tui.monitor import MonitorSnapshot
 from grpo_tui.rundir import RunDir, read_json
 from grpo_tui.runstate import PEAK_MIB, RunState, load_recent, load_run, phase_series, run_info
 from grpo_tui.widgets.progress_panel import ProgressInfo
@@ -61,7 +62,7 @@ class DashboardView:
     status: str
     progress: ProgressInfo
     charts: ChartData
-    snapshot: Any  # monitor.MonitorSnapshot | None
+    snapshot: MonitorSnapshot | None
     history: dict[int, list[float | None]]  # GPU index -> used MiB (oldest first); -1 = host RAM
     run_peaks: dict[int, float]
     step_peaks: tuple[float, ...]  # the run's peak MiB of each recent step (creep shows here)
@@ -146,7 +147,7 @@ class DashboardFeed:
         return self._view(state, snapshot, now)
 
     # ---- pieces --------------------------------------------------------------------------------
-    def _view(self, state: RunState, snapshot: Any, now: float) -> DashboardView:
+    def _view(self, state: RunState, snapshot: MonitorSnapshot | None, now: float) -> DashboardView:
         progress = state.progress(now)
         median = state.median_step_time(20)
         info = ProgressInfo(step=progress.step, max_steps=progress.max_steps, elapsed_s=progress.elapsed_s,
@@ -173,7 +174,7 @@ class DashboardFeed:
             partial=bool(getattr(state, "partial", False)),
         )
 
-    def _remember(self, snapshot: Any) -> None:
+    def _remember(self, snapshot: MonitorSnapshot | None) -> None:
         if snapshot is None:
             return
         for gpu in snapshot.gpus:
