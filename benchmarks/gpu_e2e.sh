@@ -34,7 +34,7 @@ for phase in "$@"; do
       python3 -m pytest -q -p no:cacheprovider tests/gpu 2>&1 | tail -25 | tee "$OUT/gpu-tests.log"
       ;;
     kernel)
-      timeout 300 python3 -m grpo_kernels.bench ${KERNEL_ARGS:---batch 8,32,64} --out "$OUT/kernel-h200.json" 2>&1 | tail -30
+      timeout 330 python3 -m grpo_kernels.bench ${KERNEL_ARGS:---batch 8,32,64} --out "$OUT/kernel-h200.json" 2>&1 | tail -30
       ;;
     memory)
       python3 -c "from grpo_tui.shapes import build_shaped_model as b; print(b('qwen3-0.6b-shape'))" || exit 1
@@ -70,4 +70,4 @@ for phase in "$@"; do
 done
 echo "=== done $(date -u +%T)"
 # The device returns at most 8 files: pack everything into one archive.
-tar czf /tmp/gpu-out.tgz -C "$OUT" . && find "$OUT" -mindepth 1 -delete && mv /tmp/gpu-out.tgz "$OUT/"
+[ -n "${NO_PACK:-}" ] || tar czf /tmp/gpu-out.tgz -C "$OUT" . && find "$OUT" -mindepth 1 -delete && mv /tmp/gpu-out.tgz "$OUT/"

@@ -214,7 +214,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=_int_list, default=[8, 16, 32, 64, 128], help="per-device batches")
     args = parser.parse_args(argv)
     runs_dir = (args.runs_dir or args.out / "runs").resolve()
-    trials = []
+    command = "grpo-tui bench memory " + shlex.join(argv if argv is not None else sys.argv[1:])
+    environment = _environment()
+    trials: list[Trial] = []
     for batch in args.batch:
         for impl in args.impl:
             trial = run_trial(args.preset, impl, batch, steps=args.steps, runs_dir=runs_dir, extra_sets=args.sets)
@@ -222,10 +224,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{impl:8s} batch {batch:4d}: peak {_fmt(trial.peak_gib)} GiB, step {_fmt(trial.step_s)} s"
                   f"{'' if trial.ok else ' — ' + (trial.oom_phase and 'OOM in ' + trial.oom_phase or trial.reason)}",
                   flush=True)
-    command = "grpo-tui bench memory " + shlex.join(argv if argv is not None else sys.argv[1:])
-    payload = {"command": command, "environment": _environment(), "records": [asdict(t) for t in trials]}
+            # Written after every trial: a long sweep cut short still leaves its results.
+            payload = {"command": command, "environment": environment, "records": [asdict(t) for t in trials]}
+            _write(args.out, "e2e", payload, _table(trials))
     table = _table(trials)
-    _write(args.out, "e2e", payload, table)
     plot_memory(trials, args.out / "e2e-memory.png", f"{args.preset}: peak memory vs batch")
     print(table)
     return 0 if any(t.ok for t in trials) else 1
