@@ -70,4 +70,6 @@ for phase in "$@"; do
 done
 echo "=== done $(date -u +%T)"
 # The device returns at most 8 files: pack everything into one archive.
-[ -n "${NO_PACK:-}" ] || tar czf /tmp/gpu-out.tgz -C "$OUT" . && find "$OUT" -mindepth 1 -delete && mv /tmp/gpu-out.tgz "$OUT/"
+if [ -z "${NO_PACK:-}" ]; then
+  tar czf /tmp/gpu-out.tgz -C "$OUT" . && find "$OUT" -mindepth 1 -delete && mv /tmp/gpu-out.tgz "$OUT/"
+fi
