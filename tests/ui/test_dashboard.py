@@ -24,7 +24,6 @@ from grpo_tui.widgets.loss_impl_toggle import LossImplToggle
 from grpo_tui.widgets.metric_chart import MetricChart
 from grpo_tui.widgets.reward_chart import RewardChart
 
-pytestmark = pytest.mark.anyio
 
 
 @pytest.fixture

@@ -6,7 +6,6 @@ from pathlib import Path
 
 from textual.widgets import Input, OptionList, Static
 
-import pytest
 from grpo_tui.demo import make_run
 from grpo_tui.screens.dashboard import DashboardScreen
 from grpo_tui.screens.preset_editor import PresetEditorScreen
@@ -14,7 +13,6 @@ from grpo_tui.screens.presets import PresetScreen
 from grpo_tui.widgets.runs_table import RunsTable
 from ui_support import SIZE, plain, wait_for
 
-pytestmark = pytest.mark.anyio
 
 
 def _text(app, selector: str) -> str:  # noqa: ANN001

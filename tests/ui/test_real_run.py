@@ -11,7 +11,7 @@ from ui_support import SIZE, plain, wait_for
 
 from grpo_tui.screens.dashboard import DashboardScreen
 
-pytestmark = [pytest.mark.anyio, pytest.mark.slow]
+pytestmark = pytest.mark.slow
 
 
 async def test_tiny_cpu_start_watch_toggle_stop(app_factory, runs_dir) -> None:

@@ -13,7 +13,6 @@ from grpo_tui.screens.presets import PresetScreen
 from grpo_tui.screens.runs import RunsScreen
 from grpo_tui.widgets.runs_table import RunsTable
 
-pytestmark = pytest.mark.anyio
 
 
 async def test_runs_screen_lists_status_and_opens_a_run(app_factory, recorded_run, second_run) -> None:
