@@ -161,11 +161,24 @@ class GrpoTuiApp(App[int]):
 
         if isinstance(self.screen, QuitScreen):
             return
-        live = sorted(self.live_runs)
+        self._check_live_then_quit()
+
+    @work(thread=True, exclusive=True, group="quit")
+    def _check_live_then_quit(self) -> None:
+        # Runs seen live this session may have ended since (their dashboards closed): ask run.json.
+        from grpo_tui.runstate import run_info
+
+        live = sorted(p for p in self.live_runs if run_info(p).status in ("running", "starting"))
+        self.live_runs = set(live)
+        self.call_from_thread(self._ask_or_exit, live)
+
+    def _ask_or_exit(self, live: list[Path]) -> None:
+        from grpo_tui.screens.confirm import QuitScreen
+
         if not live:
             self.exit(0)
-            return
-        self.push_screen(QuitScreen([p.name for p in live]), self._quit_answer)
+        elif not isinstance(self.screen, QuitScreen):
+            self.push_screen(QuitScreen([p.name for p in live]), self._quit_answer)
 
     def _quit_answer(self, choice: str | None) -> None:
         if choice == "stop":

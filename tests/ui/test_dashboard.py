@@ -267,7 +267,7 @@ async def test_app_reattaches_to_a_running_run_on_start(app_factory, runs_dir, r
     mark_running(run)
     app = app_factory(auto_attach=True, clock=time.time)
     async with app.run_test(size=SIZE) as pilot:
-        await wait_for(pilot, lambda: isinstance(app.screen, DashboardScreen))
+        await wait_for(pilot, lambda: isinstance(app.screen, DashboardScreen) and app.screen.updates > 0)
         assert app.screen.run_path == run
 
 
@@ -284,3 +284,15 @@ async def test_a_new_alert_on_a_live_run_is_flashed(app_factory, live_run) -> No
                 handle.write(json.dumps(record) + "\n")
         await wait_for(pilot, lambda: len(screen.view.alerts) > 0)
         await wait_for(pilot, lambda: any("at step" in str(n.title) for n in app._notifications))
+
+
+async def test_q_does_not_ask_about_a_run_that_ended_after_its_dashboard_closed(app_factory, live_run) -> None:
+    app = app_factory(clock=time.time)
+    async with app.run_test(size=SIZE) as pilot:
+        await open_dashboard(app, pilot, live_run)
+        await pilot.press("escape")
+        assert live_run in app.live_runs
+        meta = json.loads((live_run / "run.json").read_text())
+        (live_run / "run.json").write_text(json.dumps({**meta, "status": "finished"}))  # it ended meanwhile
+        await pilot.press("q")
+        await wait_for(pilot, lambda: not app.is_running)

@@ -62,13 +62,13 @@ async def test_s_and_enter_start_the_selected_preset_and_open_its_dashboard(app_
     async with app.run_test(size=SIZE) as pilot:
         await pilot.pause()
         await pilot.press("s")
-        await wait_for(pilot, lambda: isinstance(app.screen, DashboardScreen))
+        await wait_for(pilot, lambda: isinstance(app.screen, DashboardScreen) and app.screen.updates > 0)
         assert started == ["tiny-cpu"]
         assert app.screen.run_path.name == "20260101-000000-tiny-cpu"
         await pilot.press("escape")
         assert isinstance(app.screen, PresetScreen)
         await pilot.press("enter")
-        await wait_for(pilot, lambda: isinstance(app.screen, DashboardScreen))
+        await wait_for(pilot, lambda: isinstance(app.screen, DashboardScreen) and app.screen.updates > 0)
         assert started == ["tiny-cpu", "tiny-cpu"]
 
 
@@ -155,7 +155,7 @@ async def test_enter_on_the_runs_table_opens_that_run(app_factory, recorded_run)
         await wait_for(pilot, lambda: len(table.runs) == 1)
         table.focus()
         await pilot.press("enter")
-        await wait_for(pilot, lambda: isinstance(app.screen, DashboardScreen))
+        await wait_for(pilot, lambda: isinstance(app.screen, DashboardScreen) and app.screen.updates > 0)
         assert app.screen.run_path == recorded_run
 
 
@@ -176,6 +176,6 @@ async def test_back_from_a_dashboard_the_runs_list_shows_the_new_run(app_factory
         table = app.screen.query_one(RunsTable)
         await wait_for(pilot, lambda: table.runs == [] and "no runs yet" in str(table.parent.border_subtitle))
         await pilot.press("s")
-        await wait_for(pilot, lambda: isinstance(app.screen, DashboardScreen))
+        await wait_for(pilot, lambda: isinstance(app.screen, DashboardScreen) and app.screen.updates > 0)
         await pilot.press("escape")
         await wait_for(pilot, lambda: [r.name for r in table.runs] == ["20260105-000000-tiny-cpu"])

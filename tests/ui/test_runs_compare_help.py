@@ -26,7 +26,7 @@ async def test_runs_screen_lists_status_and_opens_a_run(app_factory, recorded_ru
         assert [r.path for r in table.runs] == [second_run, recorded_run]  # newest first
         assert {r.status for r in table.runs} == {"finished"}
         await pilot.press("down", "enter")
-        await wait_for(pilot, lambda: isinstance(app.screen, DashboardScreen))
+        await wait_for(pilot, lambda: isinstance(app.screen, DashboardScreen) and app.screen.updates > 0)
         assert app.screen.run_path == recorded_run
         await pilot.press("escape")
         assert isinstance(app.screen, RunsScreen)
@@ -163,5 +163,5 @@ async def test_a_click_on_a_run_opens_it(app_factory, recorded_run) -> None:
         await wait_for(pilot, lambda: len(table.runs) == 1)
         await pilot.click(RunsTable, offset=(10, 1))  # the first row (row 0 is the header)
         await pilot.click(RunsTable, offset=(10, 1))
-        await wait_for(pilot, lambda: isinstance(app.screen, DashboardScreen))
+        await wait_for(pilot, lambda: isinstance(app.screen, DashboardScreen) and app.screen.updates > 0)
         assert app.screen.run_path == recorded_run
