@@ -42,6 +42,35 @@ for phase in "$@"; do
         --batch "${MEM_BATCH:-16,64,128}" --impl chunked,naive,trl --steps 2 \
         --runs-dir /tmp/runs-mem --out "$OUT/memory" 2>&1 | tail -20
       ;;
+    memory2)
+      # Second pass: the implementations and batches the first pass did not reach.
+      timeout 200 python3 -m grpo_tui.cli bench memory qwen3-0.6b-gsm8k "${E2E_SETS[@]}" \
+        --batch 16,64,128 --impl chunked --steps 2 --runs-dir /tmp/runs-mem --out "$OUT/memory-chunked" 2>&1 | tail -8
+      timeout 130 python3 -m grpo_tui.cli bench memory qwen3-0.6b-gsm8k "${E2E_SETS[@]}" \
+        --batch 128 --impl naive,trl --steps 2 --runs-dir /tmp/runs-mem --out "$OUT/memory-128" 2>&1 | tail -6
+      ;;
+    concurrent)
+      # Max batch under a 24 GiB cap (memory only, so the searches may share the GPU) and the reward
+      # parity runs of the tiny model, all at once.
+      python3 -c "from grpo_tui.shapes import build_shaped_model as b; print(b('qwen3-0.6b-shape'))" || exit 1
+      timeout 230 python3 -m grpo_tui.cli max-batch qwen3-0.6b-gsm8k "${E2E_SETS[@]}" --impl chunked \
+        --memory-cap 24 --start 128 --multiple 32 --limit 1024 --runs-dir /tmp/runs-mb-chunked \
+        --out "$OUT/maxbatch-chunked" > "$OUT/maxbatch-chunked.log" 2>&1 &
+      timeout 230 python3 -m grpo_tui.cli max-batch qwen3-0.6b-gsm8k "${E2E_SETS[@]}" --impl naive \
+        --memory-cap 24 --start 32 --multiple 8 --limit 256 --runs-dir /tmp/runs-mb-naive \
+        --out "$OUT/maxbatch-naive" > "$OUT/maxbatch-naive.log" 2>&1 &
+      for impl in chunked naive; do
+        timeout 230 python3 -m grpo_tui.cli run tiny-cpu --headless --runs-dir /tmp/runs-parity-$impl \
+          --set distributed.use_cpu=false --set loss.impl=$impl --set "grpo.max_steps=${PARITY_STEPS:-150}" \
+          --set model.dtype=bfloat16 > /tmp/parity-$impl.log 2>&1 &
+      done
+      wait
+      mkdir -p "$OUT/parity"
+      for impl in chunked naive; do
+        cp /tmp/runs-parity-$impl/*/metrics.jsonl "$OUT/parity/$impl.jsonl"; tail -1 /tmp/parity-$impl.log
+      done
+      tail -4 "$OUT"/maxbatch-*.log
+      ;;
     maxbatch)
       python3 -c "from grpo_tui.shapes import build_shaped_model as b; print(b('qwen3-0.6b-shape'))" || exit 1
       # The two searches share the GPU (each capped at 24 GiB): only memory is compared, not time.
@@ -65,7 +94,7 @@ for phase in "$@"; do
       for impl in chunked naive; do cp /tmp/runs-parity-$impl/*/metrics.jsonl "$OUT/parity/$impl.jsonl"; done
       tail -2 "$OUT"/parity-*.log
       ;;
-    *) echo "unknown phase $phase; allowed: tests kernel memory maxbatch parity" >&2; exit 2 ;;
+    *) echo "unknown phase $phase; allowed: tests kernel memory memory2 concurrent maxbatch parity" >&2; exit 2 ;;
   esac
 done
 echo "=== done $(date -u +%T)"

@@ -230,14 +230,18 @@ class GrpoTuiTrainer(GRPOTrainer):
                 num_items = num_items * accumulation / self.args.steps_per_generation
         advantages = inputs["advantages"]
         old_logps = inputs.get("old_per_token_logps")
-        loss, metrics = fused_linear_grpo_loss(
-            hidden, weight, completion_ids, mask, advantages if advantages.dim() == 1 else advantages[:, 0],
-            bias=bias, old_logps=old_logps, ref_logps=inputs.get("ref_per_token_logps") if self.beta else None,
-            beta=self.beta, epsilon_low=self.epsilon_low, epsilon_high=self.epsilon_high, loss_type=self.loss_type,
-            temperature=self.temperature, max_completion_length=self.max_completion_length,
-            num_items_in_batch=num_items, importance_sampling_level=self.importance_sampling_level,
-            chunk_tokens=self.chunk_tokens, lean=self.lean,
-        )  # fmt: skip
+        # Under mixed precision accelerate hands back fp32 outputs while the head stays in the model's
+        # dtype: autocast makes the kernel see what the model's own lm_head would (the autocast dtype).
+        with self.accelerator.autocast():
+            loss, metrics = fused_linear_grpo_loss(
+                hidden, weight, completion_ids, mask, advantages if advantages.dim() == 1 else advantages[:, 0],
+                bias=bias, old_logps=old_logps, ref_logps=inputs.get("ref_per_token_logps") if self.beta else None,
+                beta=self.beta, epsilon_low=self.epsilon_low, epsilon_high=self.epsilon_high,
+                loss_type=self.loss_type, temperature=self.temperature,
+                max_completion_length=self.max_completion_length, num_items_in_batch=num_items,
+                importance_sampling_level=self.importance_sampling_level, chunk_tokens=self.chunk_tokens,
+                lean=self.lean,
+            )  # fmt: skip
         if self.loss_type != "dapo":
             loss = loss / accumulation
         self._log_chunked_metrics(mode, metrics, mask, advantages, old_logps)
