@@ -49,6 +49,14 @@ for phase in "$@"; do
       timeout 130 python3 -m grpo_tui.cli bench memory qwen3-0.6b-gsm8k "${E2E_SETS[@]}" \
         --batch 128 --impl naive,trl --steps 2 --runs-dir /tmp/runs-mem --out "$OUT/memory-128" 2>&1 | tail -6
       ;;
+    memory3)
+      # The 128 batch of chunked and trl, when earlier passes ran out of time.
+      python3 -c "from grpo_tui.shapes import build_shaped_model as b; print(b('qwen3-0.6b-shape'))" || exit 1
+      for impl in chunked trl; do
+        python3 -m grpo_tui.cli bench memory qwen3-0.6b-gsm8k "${E2E_SETS[@]}" \
+          --batch 128 --impl $impl --steps 2 --runs-dir /tmp/runs-mem --out "$OUT/memory-128-$impl" 2>&1 | tail -3
+      done
+      ;;
     concurrent)
       # Max batch under a 24 GiB cap (memory only, so the searches may share the GPU) and the reward
       # parity runs of the tiny model, all at once.

@@ -37,6 +37,8 @@ def apply_memory_cap(device: Any) -> float | None:
     device = torch.device(device)
     if device.type != "cuda":
         return None
+    if device.index is None:  # accelerate's PartialState.device can be a bare "cuda"
+        device = torch.device("cuda", torch.cuda.current_device())
     total_gib = torch.cuda.get_device_properties(device).total_memory / 2**30
     torch.cuda.set_per_process_memory_fraction(min(1.0, cap_gib / total_gib), device)
     return cap_gib
