@@ -109,7 +109,10 @@ PROBE = """
 import sys
 from accelerate import Accelerator
 state = Accelerator().state
-print("PROBE", state.distributed_type, state.num_processes, state.process_index, sys.argv[1:], flush=True)
+# One file per rank: two ranks printing to one pipe can interleave mid-line.
+line = " ".join(map(str, ("PROBE", state.distributed_type, state.num_processes, state.process_index, sys.argv[1:])))
+with open(f"{sys.argv[2]}/probe-{state.process_index}.txt", "w") as handle:
+    handle.write(line)
 state.destroy_process_group()
 """
 
@@ -124,7 +127,7 @@ def test_cpu_two_processes_really_start_two_ranks(tmp_path: Path) -> None:
     env = {**os.environ, **launch_env(p), "PYTHONPATH": str(tmp_path)}
     done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stderr[-2000:]
-    lines = sorted(line for line in done.stdout.splitlines() if line.startswith("PROBE"))
-    assert len(lines) == 2, done.stdout
+    lines = [path.read_text() for path in sorted(tmp_path.glob("probe-*.txt"))]
+    assert len(lines) == 2, done.stdout + done.stderr[-2000:]
     for rank, line in enumerate(lines):
         assert line.startswith(f"PROBE DistributedType.MULTI_CPU 2 {rank} ['--run-dir', '{tmp_path}']")
