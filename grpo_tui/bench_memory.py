@@ -170,10 +170,13 @@ def plot_memory(trials: list[Trial], path: Path, title: str) -> bool:
     except ImportError:
         return False
     fig, ax = plt.subplots(figsize=(7, 4.2), dpi=120)
+    # Distinct markers and dashes: implementations with equal peaks would otherwise hide each other.
+    styles = {"chunked": ("o", "-", 7), "naive": ("s", "-", 6), "trl": ("x", "--", 9)}
     for impl in sorted({t.impl for t in trials}):
         pts = sorted((t.batch, t.peak_gib) for t in trials if t.impl == impl and t.ok and t.peak_gib)
+        marker, dash, size = styles.get(impl, ("o", "-", 6))
         if pts:
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=impl)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=marker, ls=dash, ms=size, label=impl)
         for t in trials:
             if t.impl == impl and not t.ok:
                 ax.axvline(t.batch, ls=":", lw=0.8, color="grey")

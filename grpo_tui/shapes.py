@@ -10,7 +10,6 @@ beta > 0) and cached by name.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -52,15 +51,6 @@ _SPECIALS = ["<|endoftext|>", "<|pad|>"]
 
 def shape_names() -> list[str]:
     return sorted(QWEN3_SHAPES)
-
-
-def cache_root() -> Path:
-    env = os.environ.get("GRPO_TUI_CACHE_DIR")
-    if env:
-        return Path(env)
-    import platformdirs
-
-    return platformdirs.user_cache_path("grpo-tui")
 
 
 def build_padded_tokenizer(vocab_size: int, corpus: list[str]):
@@ -112,6 +102,8 @@ def build_shaped_model(name: str, cache_dir: Path | None = None, seed: int = 0) 
     """Build (once) and return the folder of a random-weight model with the named real shape."""
     if name not in QWEN3_SHAPES:
         raise ValueError(f"unknown model shape {name!r}; allowed: {', '.join(shape_names())}")
+    from grpo_tui.tiny import cache_root  # one cache for every built model ($GRPO_TUI_CACHE_DIR)
+
     target = (cache_dir or cache_root()) / "models" / name
     if (target / "config.json").exists() and (target / "tokenizer.json").exists():
         return target
