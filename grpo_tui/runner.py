@@ -26,6 +26,7 @@ from grpo_tui.overrides import apply_overrides
 from grpo_tui.preset_store import PresetError, dump_preset
 from grpo_tui.presets import Preset
 from grpo_tui.progress import ProgressPrinter, failure_reason
+from grpo_tui.runlist import pid_alive
 from grpo_tui.rundir import RunDir, read_json
 
 # Seconds between SIGTERM and SIGKILL when a process group is killed.
@@ -300,17 +301,9 @@ def _process_identity(pid: int) -> float | None:
 
 
 def _same_process(pid: Any, started: Any) -> bool:
-    if not isinstance(pid, int):
-        return False
-    try:
-        import psutil
-
-        process = psutil.Process(pid)
-        if process.status() == psutil.STATUS_ZOMBIE:
-            return False
-        return started is None or abs(process.create_time() - float(started)) < 1.0
-    except Exception:  # NoSuchProcess, AccessDenied
-        return False
+    """`pid` is alive and was created at `started` (run.json's record), not a later process reusing the id."""
+    identity = float(started) if isinstance(started, (int, float)) else None
+    return pid_alive(pid, identity)
 
 
 def effective_status(run: RunDir) -> dict[str, Any]:
