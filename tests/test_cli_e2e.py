@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from tiny_cache import tiny_model_path  # noqa: F401 - session fixture (shares the tiny model build)
 
-from grpo_tui.metrics import SCHEMA_VERSION, read_records, step_records
+from grpo_tui.metrics import PHASES, SCHEMA_VERSION, read_records, step_records
 from grpo_tui.rundir import RunDir, list_runs
 
 pytestmark = pytest.mark.slow
@@ -39,12 +39,18 @@ def test_run_tiny_cpu_headless_five_steps(tiny_model_path: Path, tmp_path: Path)
     assert "Traceback" not in done.stderr
     run = the_run(tmp_path / "runs")
     assert run.read_status()["status"] == "finished"
-    steps = step_records(read_records(run.metrics))
+    records = read_records(run.metrics)
+    steps = step_records(records)
     assert [r["step"] for r in steps] == [1, 2, 3, 4, 5]
     for record in steps:
         assert record["v"] == SCHEMA_VERSION and isinstance(record["time"], float)
-        assert 0.0 <= record["reward"] <= 1.0 and isinstance(record["loss"], float)
+        assert 0.0 <= record["reward"] <= 1.0 and record["reward_std"] >= 0.0 and isinstance(record["loss"], float)
         assert record["loss_impl"] == "chunked" and record["memory"]["rss_mib"] > 0  # tiny-cpu's default
+        assert record["memory"]["device"] == "cpu" and set(record["memory"]["phases"]) == set(PHASES)
+        assert "rewards/addition_partial/mean" in record and "grad_norm" in record  # TRL's own metrics
+    events = [r["event"] for r in records if "event" in r]
+    assert events[0] == "start" and events[-1] == "finish"
+    assert records[0]["ranks"][0]["pid"] > 0 and records[0]["ranks"][0]["device"] == "cpu"
     lines = done.stdout.splitlines()
     assert sum(line.startswith("[") and "/5 reward" in line for line in lines) == 5
     assert lines[-1].startswith("[####################] 5/5 steps, finished")
