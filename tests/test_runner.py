@@ -23,7 +23,7 @@ from grpo_tui.metrics import read_records, step_records
 from grpo_tui.preset_store import PresetError, load_preset
 from grpo_tui.progress import failure_reason, format_step
 from grpo_tui.rundir import RunDir
-from grpo_tui.runner import effective_status, prepare_run, run_foreground, spawn_detached, stop_run
+from grpo_tui.runner import effective_status, prepare_run, run_foreground, stop_run
 
 FAKE = str(Path(__file__).with_name("fake_trainer.py"))
 DEADLINE_S = 60.0
