@@ -216,6 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = _common_parser("grpo-tui bench memory", "Peak memory per phase vs batch size, per loss implementation.")
     parser.add_argument("--batch", type=_int_list, default=[8, 16, 32, 64, 128], help="per-device batches")
     args = parser.parse_args(argv)
+    _checked_or_exit(parser, args.preset, args.sets)
     runs_dir = (args.runs_dir or args.out / "runs").resolve()
     command = "grpo-tui bench memory " + shlex.join(argv if argv is not None else sys.argv[1:])
     environment = _environment()
@@ -286,7 +287,7 @@ def max_batch_main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.memory_cap is not None and args.memory_cap <= 0:
         parser.error(f"--memory-cap: got {args.memory_cap}; allowed: a positive number of GiB")
-    step = args.multiple or _num_generations(args.preset, args.sets)
+    step = args.multiple or _checked_or_exit(parser, args.preset, args.sets).grpo.num_generations
     runs_dir = (args.runs_dir or args.out / "runs").resolve()
     results = []
     for impl in args.impl:
@@ -312,17 +313,22 @@ def max_batch_main(argv: list[str] | None = None) -> int:
     return 0 if any(r["max_batch"] > 0 for r in results) else 1
 
 
-def _num_generations(preset: str, sets: list[str]) -> int:
-    for item in sets:
-        key, _, value = item.partition("=")
-        if key.strip() == "grpo.num_generations" and value.strip().isdigit():
-            return int(value)
-    try:
-        from grpo_tui.preset_store import load_preset  # the runner's loader
+def load_checked(preset: str, sets: list[str]) -> Any:
+    """The preset with the overrides applied, validated before any trial starts (raises PresetError)."""
+    from grpo_tui.overrides import apply_overrides
+    from grpo_tui.preset_store import load_preset
 
-        return int(load_preset(preset).grpo.num_generations)
-    except Exception:
-        return 8
+    loaded, _ = load_preset(preset)
+    return apply_overrides(loaded, sets)
+
+
+def _checked_or_exit(parser: argparse.ArgumentParser, preset: str, sets: list[str]) -> Any:
+    from grpo_tui.preset_store import PresetError
+
+    try:
+        return load_checked(preset, sets)
+    except PresetError as exc:
+        parser.exit(2, "\n".join(exc.lines) + "\n")
 
 
 if __name__ == "__main__":

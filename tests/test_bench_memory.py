@@ -64,3 +64,23 @@ def test_memory_cap_env_is_validated_and_ignored_on_cpu(monkeypatch):
         monkeypatch.setenv(MEMORY_CAP_ENV, bad)
         with pytest.raises(ValueError, match="allowed: a positive number of GiB"):
             apply_memory_cap("cpu")
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["bench", "memory", "no-such-preset"], "no-such-preset: unknown preset"),
+        (["max-batch", "tiny-cpu", "--set", "grpo.nope=1"], "grpo.nope: unknown key"),
+    ],
+)
+def test_bad_preset_is_one_line_before_any_trial(argv, message, tmp_path, capsys, monkeypatch):
+    from grpo_tui import bench_memory
+    from grpo_tui.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(bench_memory, "run_trial", lambda *a, **k: pytest.fail("a trial ran"))
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0] and "Traceback" not in err[0]
