@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import warnings
 import tempfile
 import time
 from dataclasses import dataclass
@@ -57,6 +58,8 @@ def main(argv: list[str] | None = None) -> int:
         for line in exc.lines:
             print(line, file=sys.stderr)
         return 2
+    # The libraries' deprecation chatter would bury the side-by-side table this command exists to print.
+    warnings.filterwarnings("ignore", category=FutureWarning)
     baseline = args.baseline or preset.loss.baseline
     _quiet_progress_bars()
     try:
