@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-import warnings
 import tempfile
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
