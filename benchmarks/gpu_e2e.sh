@@ -3,7 +3,7 @@
 #
 # Run from the repository root on a CUDA machine that has torch, triton, transformers, accelerate and
 # peft (the device image), with the missing packages as wheels in .whl/ and GSM8K in .devdata/:
-#   bash benchmarks/gpu_e2e.sh PHASE...     PHASE: tests kernel memory maxbatch parity
+#   bash benchmarks/gpu_e2e.sh PHASE...     PHASE: tests kernel memory memory2 concurrent
 # Results land in $OUT (default ./gpu-out): one folder per phase plus a log; a table is printed last.
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu-out}
@@ -27,6 +27,9 @@ E2E_SETS=(--set model.name_or_path=builtin:qwen3-0.6b-shape --set "data.source=$
           --set grpo.gradient_accumulation_steps=1 --set grpo.max_completion_length=256
           --set grpo.gradient_checkpointing=true --set grpo.beta=0.04 --set logging.completions_per_step=0)
 
+# Built once per machine (cached under GRPO_TUI_CACHE_DIR); every trial reloads it from there.
+build_model() { python3 -c "from grpo_tui.shapes import build_shaped_model as b; print(b('qwen3-0.6b-shape'))"; }
+
 for phase in "$@"; do
   echo "=== phase $phase $(date -u +%T)"
   case $phase in
@@ -37,7 +40,7 @@ for phase in "$@"; do
       timeout 330 python3 -m grpo_kernels.bench ${KERNEL_ARGS:---batch 8,32,64} --out "$OUT/kernel-h200.json" 2>&1 | tail -30
       ;;
     memory)
-      python3 -c "from grpo_tui.shapes import build_shaped_model as b; print(b('qwen3-0.6b-shape'))" || exit 1
+      build_model || exit 1
       timeout 420 python3 -m grpo_tui.cli bench memory qwen3-0.6b-gsm8k "${E2E_SETS[@]}" \
         --batch "${MEM_BATCH:-16,64,128}" --impl chunked,naive,trl --steps 2 \
         --runs-dir /tmp/runs-mem --out "$OUT/memory" 2>&1 | tail -20
@@ -49,18 +52,10 @@ for phase in "$@"; do
       timeout 130 python3 -m grpo_tui.cli bench memory qwen3-0.6b-gsm8k "${E2E_SETS[@]}" \
         --batch 128 --impl naive,trl --steps 2 --runs-dir /tmp/runs-mem --out "$OUT/memory-128" 2>&1 | tail -6
       ;;
-    memory3)
-      # The 128 batch of chunked and trl, when earlier passes ran out of time.
-      python3 -c "from grpo_tui.shapes import build_shaped_model as b; print(b('qwen3-0.6b-shape'))" || exit 1
-      for impl in chunked trl; do
-        python3 -m grpo_tui.cli bench memory qwen3-0.6b-gsm8k "${E2E_SETS[@]}" \
-          --batch 128 --impl $impl --steps 2 --runs-dir /tmp/runs-mem --out "$OUT/memory-128-$impl" 2>&1 | tail -3
-      done
-      ;;
     concurrent)
       # Max batch under a 24 GiB cap (memory only, so the searches may share the GPU) and the reward
       # parity runs of the tiny model, all at once.
-      python3 -c "from grpo_tui.shapes import build_shaped_model as b; print(b('qwen3-0.6b-shape'))" || exit 1
+      build_model || exit 1
       timeout 230 python3 -m grpo_tui.cli max-batch qwen3-0.6b-gsm8k "${E2E_SETS[@]}" --impl chunked \
         --memory-cap 24 --start 128 --multiple 32 --limit 1024 --runs-dir /tmp/runs-mb-chunked \
         --out "$OUT/maxbatch-chunked" > "$OUT/maxbatch-chunked.log" 2>&1 &
@@ -77,32 +72,9 @@ for phase in "$@"; do
       for impl in chunked naive; do
         cp /tmp/runs-parity-$impl/*/metrics.jsonl "$OUT/parity/$impl.jsonl"; tail -1 /tmp/parity-$impl.log
       done
-      tail -4 "$OUT"/maxbatch-*.log
+      tail -n 4 "$OUT"/maxbatch-*.log  # -n: "tail -4" with several files fails
       ;;
-    maxbatch)
-      python3 -c "from grpo_tui.shapes import build_shaped_model as b; print(b('qwen3-0.6b-shape'))" || exit 1
-      # The two searches share the GPU (each capped at 24 GiB): only memory is compared, not time.
-      for impl in chunked naive; do
-        timeout 400 python3 -m grpo_tui.cli max-batch qwen3-0.6b-gsm8k "${E2E_SETS[@]}" --impl $impl \
-          --memory-cap 24 --start "${MB_START:-64}" --limit 2048 --runs-dir /tmp/runs-mb-$impl \
-          --out "$OUT/maxbatch-$impl" > "$OUT/maxbatch-$impl.log" 2>&1 &
-      done
-      wait
-      tail -4 "$OUT"/maxbatch-*.log
-      ;;
-    parity)
-      # Reward parity: the tiny model learning addition on the GPU, chunked vs naive, same seed, bf16.
-      for impl in chunked naive; do
-        timeout 400 python3 -m grpo_tui.cli run tiny-cpu --headless --runs-dir /tmp/runs-parity-$impl \
-          --set distributed.use_cpu=false --set loss.impl=$impl --set "grpo.max_steps=${PARITY_STEPS:-150}" \
-          --set model.dtype=bfloat16 > "$OUT/parity-$impl.log" 2>&1 &
-      done
-      wait
-      mkdir -p "$OUT/parity"
-      for impl in chunked naive; do cp /tmp/runs-parity-$impl/*/metrics.jsonl "$OUT/parity/$impl.jsonl"; done
-      tail -2 "$OUT"/parity-*.log
-      ;;
-    *) echo "unknown phase $phase; allowed: tests kernel memory memory2 concurrent maxbatch parity" >&2; exit 2 ;;
+    *) echo "unknown phase $phase; allowed: tests kernel memory memory2 concurrent" >&2; exit 2 ;;
   esac
 done
 echo "=== done $(date -u +%T)"
