@@ -313,20 +313,12 @@ def max_batch_main(argv: list[str] | None = None) -> int:
     return 0 if any(r["max_batch"] > 0 for r in results) else 1
 
 
-def load_checked(preset: str, sets: list[str]) -> Any:
-    """The preset with the overrides applied, validated before any trial starts (raises PresetError)."""
-    from grpo_tui.overrides import apply_overrides
-    from grpo_tui.preset_store import load_preset
-
-    loaded, _ = load_preset(preset)
-    return apply_overrides(loaded, sets)
-
-
 def _checked_or_exit(parser: argparse.ArgumentParser, preset: str, sets: list[str]) -> Any:
-    from grpo_tui.preset_store import PresetError
+    """The preset with the overrides applied, validated before any trial starts (else exit 2)."""
+    from grpo_tui.preset_store import PresetError, load_preset
 
     try:
-        return load_checked(preset, sets)
+        return load_preset(preset, sets)[0]
     except PresetError as exc:
         parser.exit(2, "\n".join(exc.lines) + "\n")
 

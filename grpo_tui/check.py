@@ -48,12 +48,10 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    from grpo_tui.overrides import apply_overrides
     from grpo_tui.preset_store import PresetError, load_preset
 
     try:
-        preset, _ = load_preset(args.preset)
-        preset = apply_overrides(preset, args.overrides)
+        preset, _ = load_preset(args.preset, args.overrides)
     except PresetError as exc:
         for line in exc.lines:
             print(line, file=sys.stderr)

@@ -175,12 +175,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 def _start(preset_arg: str, overrides: list[str], headless: bool, detach: bool, runs_dir: Path | None) -> int:
     from grpo_tui.checks import check_preset
-    from grpo_tui.overrides import apply_overrides
     from grpo_tui.preset_store import PresetError, load_preset
     from grpo_tui import runner
 
-    preset, _ = load_preset(preset_arg)
-    preset = apply_overrides(preset, overrides)
+    preset, _ = load_preset(preset_arg, overrides)
     result = check_preset(preset)
     for note in result.notes:
         print(f"note: {note}", file=sys.stderr)
@@ -225,11 +223,9 @@ def _description(path: Path) -> str:
 def _cmd_presets_show(args: argparse.Namespace) -> int:
     from grpo_tui.checks import check_preset
     from grpo_tui.launch import build_launch_command, format_command, launch_env, per_node_commands
-    from grpo_tui.overrides import apply_overrides
     from grpo_tui.preset_store import dump_preset, load_preset
 
-    preset, path = load_preset(args.preset)
-    preset = apply_overrides(preset, args.overrides)
+    preset, path = load_preset(args.preset, args.overrides)
     run_dir = Path(preset.logging.runs_dir) / f"<timestamp>-{preset.name}"
     print(f"# {path}, resolved (every default filled in)")
     print(dump_preset(preset))
@@ -275,11 +271,9 @@ def _cmd_presets_validate(args: argparse.Namespace) -> int:
 
 def _cmd_presets_save(args: argparse.Namespace) -> int:
     from grpo_tui.checks import check_preset
-    from grpo_tui.overrides import apply_overrides
     from grpo_tui.preset_store import PresetError, load_preset, save_user_preset
 
-    preset, _ = load_preset(args.source)
-    preset = apply_overrides(preset, args.overrides)
+    preset, _ = load_preset(args.source, args.overrides)
     result = check_preset(preset, environment=False)
     if result.errors:
         raise PresetError(result.errors)

@@ -118,10 +118,18 @@ def load_preset_file(path: Path) -> Preset:
     return validate_data(data, str(path))
 
 
-def load_preset(arg: str) -> tuple[Preset, Path]:
-    """Resolve `arg` (name or path), load and validate it; returns the preset and its file."""
+def load_preset(arg: str, overrides: list[str] | None = None) -> tuple[Preset, Path]:
+    """Resolve `arg` (name or path), load and validate it, then apply `--set` overrides (if any).
+
+    Returns the preset and its file.
+    """
     path = resolve_preset_path(arg)
-    return load_preset_file(path), path
+    preset = load_preset_file(path)
+    if overrides:
+        from grpo_tui.overrides import apply_overrides  # imported here: overrides imports this module
+
+        preset = apply_overrides(preset, overrides)
+    return preset, path
 
 
 def preset_to_dict(preset: Preset) -> dict[str, Any]:
