@@ -19,7 +19,7 @@ from typing import Any
 from grpo_tui.alerts import Alert, AlertLog, detect_alerts
 from grpo_tui.completions import CompletionIndex, PromptGroup
 from grpo_tui.metrics import PHASES
-from grpo_tui.monitor import MonitorSnapshot
+from grpo_tui.monitor import GpuHistory, MonitorSnapshot
 from grpo_tui.rundir import RunDir, read_json
 from grpo_tui.runstate import PEAK_MIB, RunState, load_recent, load_run, phase_series, run_info
 from grpo_tui.widgets.progress_panel import ProgressInfo
@@ -41,6 +41,8 @@ LOG_LINES = 300
 LOG_START_BYTES = 64 * 1024
 # Seconds between run.json / process liveness checks (cheap, but not every poll).
 STATUS_EVERY_S = 2.0
+# Monitor samples kept for the memory sparklines (one per poll).
+MEMORY_SAMPLES = 240
 
 
 @dataclass(frozen=True)
@@ -95,7 +97,7 @@ class DashboardFeed:
     _charts: ChartData | None = None
     _chart_key: tuple[int, int] = (-1, -1)
     _generation: int = 0
-    _history: dict[int, deque[float | None]] = field(default_factory=dict)
+    _history: GpuHistory = field(default_factory=lambda: GpuHistory(maxlen=MEMORY_SAMPLES))
     _status: str = "running"
     _status_checked: float = -math.inf
     _completions: CompletionIndex | None = None
@@ -137,7 +139,8 @@ class DashboardFeed:
             self._status_checked = now
         pids = list(state.pid_gpu) or _status_pids(self.run)
         snapshot = self.monitor.sample(pids) if self.monitor is not None else None
-        self._remember(snapshot)
+        if snapshot is not None:
+            self._history.add(snapshot)
         self._alert_log.update(detect_alerts(state, snapshot, now=now))
         key = (len(state), len(state.events))  # new steps, or a switch marker to draw
         if key != self._chart_key:
@@ -164,7 +167,7 @@ class DashboardFeed:
         return DashboardView(
             run_name=self.run.name, preset=state.preset, status=self._status, progress=info,
             charts=self._charts or build_charts(state), snapshot=snapshot,
-            history={k: list(v) for k, v in self._history.items()},
+            history=_memory_history(self._history),
             run_peaks=_run_peaks(state), rank_pids=dict(state.pid_rank), step_peaks=_recent_peaks(state),
             phases=phase_rows(state), switch_label=label, loss_impl=state.loss_impl, baseline=self._baseline,
             pending_impl=str(pending) if pending else None, log_lines=tuple(self._log),
@@ -173,14 +176,6 @@ class DashboardFeed:
             stop_requested=bool(control.get("stop")), generation=self._generation,
             partial=bool(getattr(state, "partial", False)),
         )
-
-    def _remember(self, snapshot: MonitorSnapshot | None) -> None:
-        if snapshot is None:
-            return
-        for gpu in snapshot.gpus:
-            self._history.setdefault(gpu.index, deque(maxlen=240)).append(gpu.memory_used_mib)
-        if not snapshot.gpus:
-            self._history.setdefault(-1, deque(maxlen=240)).append(snapshot.host.ram_used_mib)
 
     def _read_log(self, skip_first: bool = False) -> None:
         try:
@@ -232,6 +227,13 @@ def phase_rows(state: RunState) -> dict[str, dict[str, float | None]]:
                        "before": state.phase_peaks_before_switch.get(phase),
                        "after": state.phase_peaks_since_switch.get(phase)}
     return rows
+
+
+def _memory_history(history: GpuHistory) -> dict[int, list[float | None]]:
+    # Used MiB per GPU, or host RAM under -1 when there is no GPU (what the memory panel draws).
+    if history.gpu_indices:
+        return {index: history.gpu(index)[1] for index in history.gpu_indices}
+    return {-1: history.host()[1]} if len(history) else {}
 
 
 def _run_peaks(state: RunState) -> dict[int, float]:
