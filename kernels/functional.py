@@ -318,12 +318,13 @@ def _fused_linear_grpo_loss(
     old = old_logps.to(stats_dtype) if old_logps is not None else None
     ref = ref_logps.to(stats_dtype) if ref_logps is not None and beta != 0.0 else None
     clip = dict(epsilon_low=epsilon_low, epsilon_high=epsilon_high)
-    token_grad = seq_grad = None
     if importance_sampling_level == "token":
+        seq_grad = None
         flat = lambda t: None if t is None else t.reshape(-1)  # noqa: E731
         token_grad = dict(old=flat(old), ref=flat(ref), adv=adv.expand(batch, seq).reshape(-1), w=flat(weights),
                           beta=beta, **clip)  # fmt: skip
     else:
+        token_grad = None
 
         def seq_grad(start: int, end: int, lp: torch.Tensor) -> torch.Tensor:
             # The sequence ratio couples a sequence's tokens: autograd through the loss math on (n / T, T)
