@@ -113,6 +113,12 @@ class ProgressPrinter:
         )
 
 
+def oom_message(phase: str | None, step: int | None) -> str:
+    """The one line for running out of memory: where, and what to try (the trainer's event says the same)."""
+    where = f"the {phase} phase" if phase else "an unknown phase"
+    return f"out of memory in {where} at step {'?' if step is None else step}: {OOM_ADVICE}"
+
+
 def failure_reason(metrics_path: Path, stdout_path: Path, exit_code: int | None = None) -> str:
     """One line: the last error/oom event of the metrics stream, else the cause found in stdout.log.
 
@@ -120,8 +126,7 @@ def failure_reason(metrics_path: Path, stdout_path: Path, exit_code: int | None 
     """
     for record in reversed(read_records(metrics_path)):
         if record.get("event") == "oom":
-            phase = record.get("phase", "an unknown phase")
-            return f"out of memory in the {phase} phase at step {record.get('step', '?')}: {OOM_ADVICE}"
+            return oom_message(record.get("phase"), record.get("step"))
         if record.get("event") == "error":
             return _error_text(record)
     if exit_code is not None and exit_code < 0:

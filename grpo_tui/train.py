@@ -366,6 +366,7 @@ def _report_failure(exc: BaseException, writer: MetricsWriter | None, session: A
     import torch
 
     from grpo_tui.data import DataError
+    from grpo_tui.progress import oom_message
     from grpo_tui.rewards import RewardError
     from grpo_tui.trainer import LossImplError
 
@@ -374,11 +375,7 @@ def _report_failure(exc: BaseException, writer: MetricsWriter | None, session: A
         phase = (phases.failed_phase or phases.current) if phases is not None else None
         step = session.step if session is not None else None
         memory = session.memory_now() if session is not None else {}
-        message = (
-            f"out of memory in the {phase or 'unknown'} phase at step {step}; try a smaller "
-            "grpo.per_device_batch_size (with more grpo.gradient_accumulation_steps), loss.impl = chunked, "
-            "or peft.enabled = true"
-        )
+        message = oom_message(phase, step)
         # Any rank may run out; a non-main rank appends its one event itself (the main one may be stuck
         # waiting for it in a collective).
         oom_writer = writer
