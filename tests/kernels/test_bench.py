@@ -8,6 +8,28 @@ import torch
 from grpo_kernels import bench
 
 
+def _bench_inputs(*, seed: int, B: int, T: int, H: int, V: int) -> dict:
+    """Tiny fp32 inputs in the bench's own dict layout (hidden and weight are leaves)."""
+    g = torch.Generator().manual_seed(seed)
+    return dict(
+        hidden=torch.randn(B, T, H, generator=g).requires_grad_(),
+        weight=(torch.randn(V, H, generator=g) * 0.3).requires_grad_(),
+        ids=torch.randint(0, V, (B, T), generator=g), mask=torch.ones(B, T, dtype=torch.long),
+        adv=torch.randn(B, generator=g), ref=-torch.rand(B, T, generator=g) * 3 - 2,
+    )  # fmt: skip
+
+
+def _loss_and_grads(providers, inp: dict, *, chunk_tokens: int) -> dict:
+    """Run each provider's bench closure once: {provider: (loss, grad hidden, grad weight)}."""
+    out = {}
+    for provider in providers:
+        loss = bench.loss_fn(provider, inp, 0.04, chunk_tokens=chunk_tokens)()
+        loss.backward()
+        out[provider] = (loss.detach(), inp["hidden"].grad.clone(), inp["weight"].grad.clone())
+        inp["hidden"].grad = inp["weight"].grad = None
+    return out
+
+
 def test_bad_options_give_one_line_errors(capsys):
     assert bench.main(["--providers", "floor,fast"]) == 2
     assert "--providers: unknown fast" in capsys.readouterr().err
@@ -37,20 +59,8 @@ def test_table_has_ratios_to_floor_and_trl():
 
 def test_providers_agree_on_cpu():
     # What is timed is what is tested: the bench's closures for naive, trl and ours give one loss and gradient
-    g = torch.Generator().manual_seed(0)
-    B, T, H, V = 2, 6, 16, 50
-    inp = dict(
-        hidden=torch.randn(B, T, H, generator=g).requires_grad_(),
-        weight=(torch.randn(V, H, generator=g) * 0.3).requires_grad_(),
-        ids=torch.randint(0, V, (B, T), generator=g), mask=torch.ones(B, T, dtype=torch.long),
-        adv=torch.randn(B, generator=g), ref=-torch.rand(B, T, generator=g) * 3 - 2,
-    )  # fmt: skip
-    out = {}
-    for provider in ("naive", "trl", "chunked", "chunked-lean"):
-        loss = bench.loss_fn(provider, inp, 0.04, chunk_tokens=4)()
-        loss.backward()
-        out[provider] = (loss.detach(), inp["hidden"].grad.clone(), inp["weight"].grad.clone())
-        inp["hidden"].grad = inp["weight"].grad = None
+    inp = _bench_inputs(seed=0, B=2, T=6, H=16, V=50)
+    out = _loss_and_grads(("naive", "trl", "chunked", "chunked-lean"), inp, chunk_tokens=4)
     for provider in ("trl", "chunked", "chunked-lean"):
         for a, b in zip(out[provider], out["naive"]):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
@@ -74,20 +84,9 @@ def test_variant_providers_run_their_variant_and_agree_on_cpu(monkeypatch):
     seen = []
     real = functional._chunk_loop
     monkeypatch.setattr(functional, "_chunk_loop", lambda *a, **k: (seen.append(functional.variant_flags()), real(*a, **k))[1])
-    g = torch.Generator().manual_seed(1)
-    B, T, H, V = 2, 5, 16, 40
-    inp = dict(
-        hidden=torch.randn(B, T, H, generator=g).requires_grad_(),
-        weight=(torch.randn(V, H, generator=g) * 0.3).requires_grad_(),
-        ids=torch.randint(0, V, (B, T), generator=g), mask=torch.ones(B, T, dtype=torch.long),
-        adv=torch.randn(B, generator=g), ref=-torch.rand(B, T, generator=g) * 3 - 2,
-    )  # fmt: skip
-    out = {}
-    for provider in ["naive", "chunked", *bench._variant_providers("fast_stats,direct_dw,lean_host,all,default")]:
-        loss = bench.loss_fn(provider, inp, 0.04, chunk_tokens=3)()
-        loss.backward()
-        out[provider] = (loss.detach(), inp["hidden"].grad.clone(), inp["weight"].grad.clone())
-        inp["hidden"].grad = inp["weight"].grad = None
+    inp = _bench_inputs(seed=1, B=2, T=5, H=16, V=40)
+    providers = ["naive", "chunked", *bench._variant_providers("fast_stats,direct_dw,lean_host,all,default")]
+    out = _loss_and_grads(providers, inp, chunk_tokens=3)
     assert seen == [frozenset(), frozenset({"fast_stats"}), frozenset({"direct_dw"}), frozenset({"lean_host"}),
                     frozenset(functional.VARIANT_FLAGS), frozenset()]  # fmt: skip
     assert functional.VARIANT is None
