@@ -8,14 +8,14 @@ import torch
 from grpo_kernels import bench
 
 
-def _bench_inputs(*, seed: int, B: int, T: int, H: int, V: int) -> dict:
-    """Tiny fp32 inputs in the bench's own dict layout (hidden and weight are leaves)."""
+def _cpu_inputs(batch: int, seq: int, hidden: int, vocab: int, seed: int = 0) -> dict:
+    """Tiny fp32 CPU stand-in for `bench.make_inputs` (same signature and dict layout)."""
     g = torch.Generator().manual_seed(seed)
     return dict(
-        hidden=torch.randn(B, T, H, generator=g).requires_grad_(),
-        weight=(torch.randn(V, H, generator=g) * 0.3).requires_grad_(),
-        ids=torch.randint(0, V, (B, T), generator=g), mask=torch.ones(B, T, dtype=torch.long),
-        adv=torch.randn(B, generator=g), ref=-torch.rand(B, T, generator=g) * 3 - 2,
+        hidden=torch.randn(batch, seq, hidden, generator=g).requires_grad_(),
+        weight=(torch.randn(vocab, hidden, generator=g) * 0.3).requires_grad_(),
+        ids=torch.randint(0, vocab, (batch, seq), generator=g), mask=torch.ones(batch, seq, dtype=torch.long),
+        adv=torch.randn(batch, generator=g), ref=-torch.rand(batch, seq, generator=g) * 3 - 2,
     )  # fmt: skip
 
 
@@ -59,7 +59,7 @@ def test_table_has_ratios_to_floor_and_trl():
 
 def test_providers_agree_on_cpu():
     # What is timed is what is tested: the bench's closures for naive, trl and ours give one loss and gradient
-    inp = _bench_inputs(seed=0, B=2, T=6, H=16, V=50)
+    inp = _cpu_inputs(2, 6, 16, 50, seed=0)
     out = _loss_and_grads(("naive", "trl", "chunked", "chunked-lean"), inp, chunk_tokens=4)
     for provider in ("trl", "chunked", "chunked-lean"):
         for a, b in zip(out[provider], out["naive"]):
@@ -84,7 +84,7 @@ def test_variant_providers_run_their_variant_and_agree_on_cpu(monkeypatch):
     seen = []
     real = functional._chunk_loop
     monkeypatch.setattr(functional, "_chunk_loop", lambda *a, **k: (seen.append(functional.variant_flags()), real(*a, **k))[1])
-    inp = _bench_inputs(seed=1, B=2, T=5, H=16, V=40)
+    inp = _cpu_inputs(2, 5, 16, 40, seed=1)
     providers = ["naive", "chunked", *bench._variant_providers("fast_stats,direct_dw,lean_host,all,default")]
     out = _loss_and_grads(providers, inp, chunk_tokens=3)
     assert seen == [frozenset(), frozenset({"fast_stats"}), frozenset({"direct_dw"}), frozenset({"lean_host"}),
@@ -100,15 +100,6 @@ def test_main_end_to_end_with_variants_on_cpu(monkeypatch, tmp_path, capsys):
     # inputs; only the CUDA-specific pieces are replaced: input placement and the event-timed measure
     import json
 
-    def cpu_inputs(batch, seq, hidden, vocab, seed=0):
-        g = torch.Generator().manual_seed(seed)
-        return dict(
-            hidden=torch.randn(batch, seq, hidden, generator=g).requires_grad_(),
-            weight=(torch.randn(vocab, hidden, generator=g) * 0.3).requires_grad_(),
-            ids=torch.randint(0, vocab, (batch, seq), generator=g), mask=torch.ones(batch, seq, dtype=torch.long),
-            adv=torch.randn(batch, generator=g), ref=-torch.rand(batch, seq, generator=g) * 3 - 2,
-        )  # fmt: skip
-
     calls = []
 
     def cpu_measure(step, inp, reps, warmup=2):
@@ -118,7 +109,7 @@ def test_main_end_to_end_with_variants_on_cpu(monkeypatch, tmp_path, capsys):
             out.backward()
         return 1.0 + len(calls), 0.0, 0.0
 
-    monkeypatch.setattr(bench, "make_inputs", cpu_inputs)
+    monkeypatch.setattr(bench, "make_inputs", _cpu_inputs)
     monkeypatch.setattr(bench, "measure", cpu_measure)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "cpu-test")
