@@ -21,7 +21,7 @@ from grpo_tui.completions import CompletionIndex, PromptGroup
 from grpo_tui.metrics import PHASES
 from grpo_tui.monitor import GpuHistory, MonitorSnapshot
 from grpo_tui.rundir import RunDir, read_json
-from grpo_tui.runstate import PEAK_MIB, RunState, load_recent, load_run, phase_series, run_info
+from grpo_tui.runstate import PEAK_MIB, RunState, load_recent, load_run, phase_series, read_config, run_info
 from grpo_tui.widgets.progress_panel import ProgressInfo
 
 # Points per drawn series: about two per cell of a wide chart, so nothing visible is lost.
@@ -106,14 +106,14 @@ class DashboardFeed:
 
     def __post_init__(self) -> None:
         self.run = RunDir(Path(self.run_path))
-        config = _read_toml(self.run.config)
+        config = read_config(self.run.path)
         self._baseline = str(config.get("loss", {}).get("baseline", "naive"))
 
     def open(self) -> None:
         """The first read: every event but only the newest steps, so a 100,000-step run shows at
         once; the next `poll` reads the whole history (call both from the worker)."""
         self.state = load_recent(self.run.path)
-        self._completions = _completion_index(self.run.path)
+        self._completions = CompletionIndex(self.run.path / "completions.jsonl")
         try:
             size = self.run.stdout.stat().st_size
         except OSError:
@@ -263,16 +263,3 @@ def _status_pids(run: RunDir) -> list[int]:
     pids = [status.get("child_pid"), status.get("pid")]
     return [p for p in pids if isinstance(p, int)]
 
-
-def _completion_index(path: Path) -> CompletionIndex:
-    return CompletionIndex(path / "completions.jsonl")
-
-
-def _read_toml(path: Path) -> dict[str, Any]:
-    import tomllib
-
-    try:
-        with open(path, "rb") as handle:
-            return tomllib.load(handle)
-    except (OSError, tomllib.TOMLDecodeError):
-        return {}
