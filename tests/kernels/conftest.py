@@ -41,6 +41,16 @@ def backend(request, monkeypatch):
     return request.param
 
 
+@pytest.fixture
+def triton_interpreter(monkeypatch):
+    """Force the interpreted Triton kernels, tiles shrunk for tiny vocabularies (skipped when it is off)."""
+    if not triton_ops.INTERPRET:
+        pytest.skip("the Triton interpreter is off (CUDA present: tests/gpu cover the kernels)")
+    monkeypatch.setattr(triton_ops, "FORCE_BACKEND", "triton")
+    monkeypatch.setattr(triton_ops, "STATS_BLOCK", 16)
+    monkeypatch.setattr(triton_ops, "STATS_SEGMENT", 32)
+
+
 def _make_inputs(
     B=4, T=5, H=16, V=37, *, bias=True, offset=0.0, masked_row=True, off_policy=False, temperature=1.0, seed=None
 ) -> dict:

@@ -15,6 +15,11 @@ FP32_LOSS_RTOL, FP32_GRAD_COS = 1e-5, 0.99999
 FP16_LOSS_RTOL, FP16_GRAD_COS = 2e-3, 0.9999
 
 
+def fp16_rounded(inp: dict) -> dict:
+    """`inp` with hidden, weight and bias rounded to fp16 but kept in fp64: the reference sees what fp16 sees."""
+    return {**inp, **{k: inp[k].half().double() for k in ("hidden", "weight", "bias")}}
+
+
 def run(fn, inp, dtype, **kw):
     """Loss, (grad hidden, grad weight, grad bias) in fp64, metrics."""
     leaves = [None if inp[k] is None else inp[k].to(dtype).clone().requires_grad_() for k in ("hidden", "weight", "bias")]
@@ -70,18 +75,8 @@ def test_large_logit_offset(backend, make_inputs):
     torch.testing.assert_close(m.entropy.double(), ref_m.entropy, rtol=1e-5, atol=1e-5)
 
 
-def test_fp16_triton_interpreter(monkeypatch, make_inputs):
-    from grpo_kernels import triton_ops
-
-    if not triton_ops.INTERPRET:
-        pytest.skip("the Triton interpreter is off (CUDA present: tests/gpu cover the kernels)")
-    monkeypatch.setattr(triton_ops, "FORCE_BACKEND", "triton")
-    monkeypatch.setattr(triton_ops, "STATS_BLOCK", 16)
-    monkeypatch.setattr(triton_ops, "STATS_SEGMENT", 32)
-    inp = make_inputs(B=2, T=4, H=32, V=75, off_policy=True)
-    # The reference sees the same fp16-rounded inputs, in fp64
-    for k in ("hidden", "weight", "bias"):
-        inp[k] = inp[k].half().double()
+def test_fp16_triton_interpreter(triton_interpreter, make_inputs):
+    inp = fp16_rounded(make_inputs(B=2, T=4, H=32, V=75, off_policy=True))
     compare(inp, torch.float16, FP16_LOSS_RTOL, FP16_GRAD_COS, chunk_tokens=3, beta=0.04, temperature=1.3)
 
 

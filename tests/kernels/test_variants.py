@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_numerics import FP16_LOSS_RTOL, FP16_GRAD_COS, FP32_GRAD_COS, FP32_LOSS_RTOL, compare
+from test_numerics import FP16_GRAD_COS, FP16_LOSS_RTOL, FP32_GRAD_COS, FP32_LOSS_RTOL, compare, fp16_rounded
 
 from grpo_kernels import functional, selective_logprobs, triton_ops
 from grpo_kernels.reference import reference_grpo_loss, reference_logprobs
@@ -36,15 +36,8 @@ def test_single_token_odd_vocab_no_bias(backend, variant, make_inputs):
     compare(inp, torch.float32, FP32_LOSS_RTOL, FP32_GRAD_COS, chunk_tokens=2, loss_type="grpo", beta=0.0)
 
 
-def test_fp16_triton_interpreter(variant, monkeypatch, make_inputs):
-    if not triton_ops.INTERPRET:
-        pytest.skip("the Triton interpreter is off (CUDA present: tests/gpu cover the kernels)")
-    monkeypatch.setattr(triton_ops, "FORCE_BACKEND", "triton")
-    monkeypatch.setattr(triton_ops, "STATS_BLOCK", 16)
-    monkeypatch.setattr(triton_ops, "STATS_SEGMENT", 32)
-    inp = make_inputs(B=3, T=3, H=32, V=75, off_policy=True)
-    for k in ("hidden", "weight", "bias"):
-        inp[k] = inp[k].half().double()
+def test_fp16_triton_interpreter(variant, triton_interpreter, make_inputs):
+    inp = fp16_rounded(make_inputs(B=3, T=3, H=32, V=75, off_policy=True))
     compare(inp, torch.float16, FP16_LOSS_RTOL, FP16_GRAD_COS, chunk_tokens=4, beta=0.04, temperature=1.3)
 
 
