@@ -149,7 +149,7 @@ def _error_text(record: dict[str, Any]) -> str:
     kind = record.get("type") or record.get("exception") or "error"
     message = record.get("message") or record.get("error") or ""
     text = f"{kind}: {message}" if message else str(kind)
-    return _one_line(text)
+    return one_line(text)
 
 
 def _log_reason(stdout_path: Path) -> str:
@@ -161,10 +161,11 @@ def _log_reason(stdout_path: Path) -> str:
     for line in reversed(lines):
         match = _EXCEPTION_LINE.match(line)
         if match and not match.group(1).endswith(_WRAPPER_ERRORS):
-            return _one_line(line)
-    return _one_line(lines[-1]) if lines else "the trainer exited without output"
+            return one_line(line)
+    return one_line(lines[-1]) if lines else "the trainer exited without output"
 
 
-def _one_line(text: str, limit: int = 300) -> str:
+def one_line(text: str, limit: int = 300) -> str:
+    """`text` on one line (whitespace runs become one space), cut to `limit` characters."""
     flat = " ".join(str(text).split())
     return flat if len(flat) <= limit else flat[: limit - 3] + "..."

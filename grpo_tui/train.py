@@ -24,6 +24,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from grpo_tui.control import ControlDecision, ControlReader
 from grpo_tui.metrics import MetricsWriter
 from grpo_tui.presets import Preset
 from grpo_tui.rundir import RunDir
@@ -176,6 +177,7 @@ class TrainingSession:
         self._sigint = False
         self._last_reward: dict[str, float] = {}
         self._completions = open(run.completions, "a", encoding="utf-8") if writer is not None else None  # noqa: SIM115
+        self._control = ControlReader(run.control)
 
     @property
     def phases(self) -> Any:
@@ -195,10 +197,9 @@ class TrainingSession:
         me = {"rank": self.state.process_index, "local_rank": self.state.local_process_index,
               "pid": os.getpid(), "device": str(self.state.device)}  # fmt: skip
         ranks = gather_object([me]) if self.state.use_distributed else [me]
-        if self.writer is not None:
-            self.writer.event("start", preset=self.preset.name, run=self.run_dir.name, ranks=ranks,
-                              num_processes=self.state.num_processes, loss_impl=self.preset.loss.impl,
-                              max_steps=self.preset.grpo.max_steps)  # fmt: skip
+        self._event("start", preset=self.preset.name, run=self.run_dir.name, ranks=ranks,
+                    num_processes=self.state.num_processes, loss_impl=self.preset.loss.impl,
+                    max_steps=self.preset.grpo.max_steps)  # fmt: skip
         previous = signal.signal(signal.SIGINT, self._on_sigint)
         try:
             self.trainer = build_trainer(
@@ -209,8 +210,7 @@ class TrainingSession:
             signal.signal(signal.SIGINT, previous)
             if self._completions is not None:
                 self._completions.close()
-        if self.writer is not None:
-            self.writer.event("finish", step=self.step, stopped=self.stop_reason is not None)
+        self._event("finish", step=self.step, stopped=self.stop_reason is not None)
         return EXIT_OK
 
     def _on_sigint(self, signum: int, frame: Any) -> None:
@@ -261,12 +261,9 @@ class TrainingSession:
         """Read control.json on rank 0, broadcast, and act on it on every rank."""
         from accelerate.utils import broadcast_object_list
 
-        from grpo_tui.control import ControlDecision, ControlReader
         from grpo_tui.trainer import LossImplError
 
-        if not hasattr(self, "_reader"):
-            self._reader = ControlReader(self.run_dir.control)
-        decision = self._reader.poll() if self.state.is_main_process else ControlDecision()
+        decision = self._control.poll() if self.state.is_main_process else ControlDecision()
         sigint = self._sigint and self.stop_reason is None
         if self.state.use_distributed:
             decision, sigint = broadcast_object_list([decision, sigint], from_process=0)
@@ -309,11 +306,6 @@ def _step_boundary_callback(session: TrainingSession) -> Any:
             return control
 
     return StepBoundary()
-
-
-def one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split()) or type(exc).__name__
-    return text if len(text) <= 400 else text[:397] + "..."
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -366,7 +358,7 @@ def _report_failure(exc: BaseException, writer: MetricsWriter | None, session: A
     import torch
 
     from grpo_tui.data import DataError
-    from grpo_tui.progress import oom_message
+    from grpo_tui.progress import one_line, oom_message
     from grpo_tui.rewards import RewardError
     from grpo_tui.trainer import LossImplError
 
@@ -390,7 +382,7 @@ def _report_failure(exc: BaseException, writer: MetricsWriter | None, session: A
         return EXIT_OOM
     traceback.print_exc()
     if writer is not None:
-        writer.event("error", message=one_line(exc), type=type(exc).__name__)
+        writer.event("error", message=one_line(str(exc), limit=400) or type(exc).__name__, type=type(exc).__name__)
     return EXIT_CONFIG if isinstance(exc, (DataError, RewardError, LossImplError)) else EXIT_ERROR
 
 
