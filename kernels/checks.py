@@ -88,9 +88,14 @@ def check_loss_args(
         raise ValueError("ref_logps is required when beta > 0")
     if epsilon_low < 0 or epsilon_high < 0:
         raise ValueError(f"epsilon_low and epsilon_high must be >= 0, got {epsilon_low}, {epsilon_high}")
-    if not temperature > 0:
-        raise ValueError(f"temperature must be > 0, got {temperature}")
+    check_chunking(temperature, chunk_tokens)
     if loss_type == "dr_grpo" and (max_completion_length is None or max_completion_length <= 0):
         raise ValueError("loss_type 'dr_grpo' needs max_completion_length (a positive int)")
+
+
+def check_chunking(temperature: float, chunk_tokens: int | None) -> None:
+    """Check the options every chunked call takes: temperature > 0, chunk_tokens a positive int or None."""
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
     if chunk_tokens is not None and (not isinstance(chunk_tokens, int) or chunk_tokens <= 0):
         raise ValueError(f"chunk_tokens must be a positive int or None, got {chunk_tokens!r}")

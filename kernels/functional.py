@@ -22,7 +22,7 @@ from collections.abc import Iterator
 import torch
 
 from . import triton_ops
-from .checks import check_head, check_loss_args
+from .checks import check_chunking, check_head, check_loss_args
 from .loss_math import GrpoMetrics, finish_metrics, per_token_loss, token_weights
 
 # Bytes of the reused [C, V] logits buffer that the default chunk size aims at (C = 1536 at V = 152k in bf16):
@@ -378,10 +378,7 @@ def selective_logprobs(
     if isinstance(hidden, torch.Tensor) and isinstance(weight, torch.Tensor):
         hidden, weight, bias = _autocast_inputs(hidden, weight, bias)
     check_head(hidden, weight, ids, bias)
-    if not temperature > 0:
-        raise ValueError(f"temperature must be > 0, got {temperature}")
-    if chunk_tokens is not None and (not isinstance(chunk_tokens, int) or chunk_tokens <= 0):
-        raise ValueError(f"chunk_tokens must be a positive int or None, got {chunk_tokens!r}")
+    check_chunking(temperature, chunk_tokens)
     rows = chunk_tokens or default_chunk_tokens(weight.shape[0], hidden.dtype)
     with torch.autocast(hidden.device.type, enabled=False):
         logps, entropies, *_ = _chunk_loop(
