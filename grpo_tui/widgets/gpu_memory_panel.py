@@ -79,15 +79,14 @@ def render_panel(snapshot: Any, history: Mapping[int, Sequence[float]], run_peak
             ("  power ", "dim"), _na(gpu.power_w, "{:.0f} W"),
         )
         line2 = Text.assemble(sparkline(history.get(gpu.index, ()), spark_w, total), "  ", util)
-        procs = [p for p in (gpu.processes or ()) if _pid(p) in rank_pids] or list(gpu.processes or ())[:3]
-        parts: list[Text | str] = []
+        procs = [p for p in gpu.processes if p.pid in rank_pids] or list(gpu.processes)[:3]
+        parts = []
         for proc in procs:
-            pid = _pid(proc)
-            rank = rank_pids.get(pid)
+            rank = rank_pids.get(proc.pid)
             label = f"rank{rank} " if rank is not None else ""
-            parts.append(Text.assemble((f"{label}pid {pid}", "magenta"), " → ", mib(_proc_mib(proc))))
+            parts.append(Text.assemble((f"{label}pid {proc.pid}", "magenta"), " → ", mib(proc.used_mib)))
         peak = run_peaks.get(gpu.index)
-        line3 = Text.assemble(("run: ", "dim"), *(_join(parts) if parts else [("no process of this run", "dim")]),
+        line3 = Text.assemble(("run: ", "dim"), Text(", ").join(parts) if parts else ("no process of this run", "dim"),
                               ("   peak ", "dim"), (mib(peak), "bold yellow"))
         rows.extend([head, line1, line2, line3])
     return Group(*rows)
@@ -108,24 +107,6 @@ def _host_panel(snapshot: Any, history: Sequence[float], rss_peak: float | None,
                       ("   peak ", "dim"),
                       (mib(rss_peak), "bold yellow")),
     )
-
-
-def _pid(proc: Any) -> int:
-    return int(proc[0] if isinstance(proc, tuple) else getattr(proc, "pid"))
-
-
-def _proc_mib(proc: Any) -> float | None:
-    if isinstance(proc, tuple):
-        return proc[1]
-    return getattr(proc, "used_mib", getattr(proc, "memory_mib", None))
-
-
-def _join(parts: list[Text | str]) -> list[Text | str]:
-    out: list[Text | str] = []
-    for i, part in enumerate(parts):
-        out.extend([", "] if i else [])
-        out.append(part)
-    return out
 
 
 def phase_table(peaks: Mapping[str, Mapping[str, float | None]], switch: str | None) -> Table:
