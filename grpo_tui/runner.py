@@ -28,6 +28,7 @@ from grpo_tui.presets import Preset
 from grpo_tui.progress import ProgressPrinter, failure_reason
 from grpo_tui.runlist import pid_alive
 from grpo_tui.rundir import RunDir, read_json
+from grpo_tui.train import load_run_preset  # the trainer's own reader: one way to read config.toml
 
 # Seconds between SIGTERM and SIGKILL when a process group is killed.
 KILL_GRACE_S = 5.0
@@ -76,12 +77,6 @@ def _absolute_paths(preset: Preset, runs_dir: Path | str | None) -> Preset:
     if not preset.model.name_or_path.startswith("builtin:") and model.exists():
         update["model"] = preset.model.model_copy(update={"name_or_path": str(model.resolve())})
     return preset.model_copy(update=update)
-
-
-def load_run_preset(run: RunDir) -> Preset:
-    import tomllib
-
-    return Preset.model_validate(tomllib.loads(run.config.read_text(encoding="utf-8")))
 
 
 class Supervisor:

@@ -32,7 +32,8 @@ from grpo_tui.rundir import RunDir
 EXIT_OK, EXIT_ERROR, EXIT_CONFIG, EXIT_OOM = 0, 1, 2, 3
 
 
-def load_preset(run: RunDir) -> Preset:
+def load_run_preset(run: RunDir) -> Preset:
+    """The run's config.toml: the preset as resolved and checked when the run was prepared."""
     with open(run.config, "rb") as handle:
         return Preset.model_validate(tomllib.load(handle))
 
@@ -319,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
     writer = MetricsWriter(run.metrics) if state.is_main_process else None
     session, code = None, EXIT_ERROR
     try:
-        preset = load_preset(run)
+        preset = load_run_preset(run)
         session = TrainingSession(preset, run, writer, state)
         code = session.run()
     except Exception as exc:  # noqa: BLE001 - every failure becomes one line for the runner
@@ -349,7 +350,7 @@ def _use_cpu_hint(run: RunDir) -> bool:
     # Under `ACCELERATE_USE_CPU=true accelerate launch --multi_gpu` a plain state reports no distribution
     # unless cpu=True; read the preset's flag before building anything heavy.
     try:
-        return bool(load_preset(run).distributed.use_cpu) or os.environ.get("ACCELERATE_USE_CPU", "").lower() == "true"
+        return bool(load_run_preset(run).distributed.use_cpu) or os.environ.get("ACCELERATE_USE_CPU", "").lower() == "true"
     except Exception:  # noqa: BLE001 - the real error is reported by main
         return os.environ.get("ACCELERATE_USE_CPU", "").lower() == "true"
 
