@@ -222,15 +222,15 @@ def profile_chunk(rows: int, hidden: int, vocab: int) -> dict:
 
 
 def _versions() -> dict:
+    from importlib.metadata import PackageNotFoundError, version
+
     import triton
 
     out = {"torch": torch.__version__, "triton": triton.__version__}
-    for name, mod in (("trl", "trl"), ("liger", "liger_kernel")):
+    for name, dist in (("trl", "trl"), ("liger", "liger-kernel")):
         try:
-            from importlib.metadata import version
-
-            out[name] = version("liger-kernel" if name == "liger" else mod)
-        except Exception:  # noqa: BLE001 - absent is a fine answer here
+            out[name] = version(dist)
+        except PackageNotFoundError:  # absent is a fine answer here
             out[name] = None
     return out
 
