@@ -104,8 +104,7 @@ def per_token_loss(
     coef_2 = torch.clamp(coef_1, 1 - epsilon_low, 1 + epsilon_high)
     loss = -torch.min(coef_1 * advantages, coef_2 * advantages)
     loss = loss.expand_as(logps)
-    zero = logps.new_zeros(())
-    kl_sum = zero
+    kl_sum = logps.new_zeros(())
     if beta != 0.0:
         delta = ref_logps.to(logps.dtype) - logps
         kl = torch.exp(delta) - delta - 1
@@ -155,13 +154,6 @@ def token_level_grad(
     if beta != 0.0:
         grad = grad + beta * (1 - torch.exp(ref_logps.to(logps.dtype) - logps))
     return grad * weights
-
-
-def add_stats(a: ChunkStats | None, b: ChunkStats) -> ChunkStats:
-    """Sum two chunks' statistics."""
-    if a is None:
-        return b
-    return ChunkStats(*(x + y for x, y in zip(a, b)))
 
 
 class GrpoMetrics(NamedTuple):
