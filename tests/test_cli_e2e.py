@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+from e2e_support import interrupt_after_steps
 from tiny_cache import tiny_model_path  # noqa: F401 - session fixture (shares the tiny model build)
 
 from grpo_tui.metrics import PHASES, SCHEMA_VERSION, read_records, step_records
@@ -63,21 +62,10 @@ def test_ctrl_c_stops_a_real_run_with_metrics_intact(tiny_model_path: Path, tmp_
         [*grpo_tui_argv(), "run", "tiny-cpu", "--headless", "--set", "grpo.max_steps=100000"],
         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
-    try:
-        deadline = time.monotonic() + 240
-        while time.monotonic() < deadline:
-            runs = list_runs(tmp_path / "runs")
-            if runs and len(step_records(read_records(runs[0].metrics))) >= 3:
-                break
-            assert proc.poll() is None, proc.communicate()[1][-3000:]
-            time.sleep(0.2)
-        else:
-            raise AssertionError("no three steps logged")
-        proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    runs_dir = tmp_path / "runs"
+    out, err = interrupt_after_steps(
+        proc, lambda: next((run.metrics for run in list_runs(runs_dir)), None), start_s=240, stop_s=120
+    )
     assert proc.returncode == 0, err[-3000:]
     assert "stopping at the next step boundary" in out and "Traceback" not in err
     run = the_run(tmp_path / "runs")

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+from e2e_support import interrupt_after_steps
 from test_trainer import make_run
 from tiny_cache import tiny_model_path  # noqa: F401 - session fixture
 
@@ -22,16 +21,7 @@ def test_sigint_stops_at_a_step_boundary(tiny_model_path: Path, tmp_path: Path) 
     run = make_run(tmp_path, "sigint", grpo={"max_steps": 5000}, loss={"impl": "naive"})
     proc = subprocess.Popen([sys.executable, "-m", "grpo_tui.train", "--run-dir", str(run.path)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
-    try:
-        deadline = time.monotonic() + 120
-        while len(step_records(read_records(run.metrics))) < 3:
-            assert proc.poll() is None and time.monotonic() < deadline, "trainer ended before 3 steps"
-            time.sleep(0.2)
-        proc.send_signal(signal.SIGINT)
-        _, stderr = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    _, stderr = interrupt_after_steps(proc, lambda: run.metrics, start_s=120, stop_s=60)
     assert proc.returncode == 0, stderr[-2000:]
     records = read_records(run.metrics)
     steps = step_records(records)
