@@ -199,11 +199,7 @@ class DashboardScreen(Screen[None]):
 
     def _draw_logs(self, lines: tuple[str, ...]) -> None:
         for log in self.query(LogTail):
-            if getattr(log, "_shown", None) == lines:
-                continue
-            log.clear()
-            log.add(lines)
-            log._shown = lines  # type: ignore[attr-defined]
+            log.show(lines)
 
     # ---- actions ------------------------------------------------------------------------------
     def action_toggle_impl(self) -> None:

@@ -124,7 +124,7 @@ class DashboardFeed:
     def poll(self) -> DashboardView:
         if self.state is None:
             self.open()
-        elif getattr(self.state, "partial", False):
+        elif self.state.partial:
             self.state = load_run(self.run.path)  # the whole history; its tail goes on from the end
             self._chart_key = (-1, -1)
         state = self.state
@@ -174,7 +174,7 @@ class DashboardFeed:
             alerts=tuple(self._alert_log.alerts), active_alerts=tuple(self._alert_log.active(state)),
             completion_steps=tuple(self._completions.steps) if self._completions is not None else (),
             stop_requested=bool(control.get("stop")), generation=self._generation,
-            partial=bool(getattr(state, "partial", False)),
+            partial=state.partial,
         )
 
     def _read_log(self, skip_first: bool = False) -> None:

@@ -1,8 +1,6 @@
-"""The last lines of the run's stdout.log (the worker reads; this only appends)."""
+"""The last lines of the run's stdout.log (the worker reads; this only draws)."""
 
 from __future__ import annotations
-
-from collections.abc import Iterable
 
 from textual.widgets import Log
 
@@ -16,6 +14,12 @@ class LogTail(Log):
 
     def __init__(self, max_lines: int = 2000, *, id: str | None = None, classes: str | None = None) -> None:  # noqa: A002
         super().__init__(max_lines=max_lines, auto_scroll=True, id=id, classes=classes)
+        self._shown: tuple[str, ...] | None = None
 
-    def add(self, lines: Iterable[str]) -> None:
+    def show(self, lines: tuple[str, ...]) -> None:
+        """Show exactly `lines` (the feed's whole tail); nothing is redrawn when they are already shown."""
+        if lines == self._shown:
+            return
+        self._shown = lines
+        self.clear()
         self.write_lines(line.rstrip("\r") for line in lines)
