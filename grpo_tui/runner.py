@@ -152,20 +152,23 @@ class Supervisor:
             self.killed = True
             if self.proc is None or self.proc.poll() is not None:
                 return
-            pgid = self.proc.pid
-        _signal_group(pgid, signal.SIGTERM)
-        deadline = time.monotonic() + grace
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                break
-            time.sleep(0.05)
-        # The leader may be gone while ranks linger: the group still gets the final signal.
-        _signal_group(pgid, signal.SIGKILL)
+            proc = self.proc
+        _terminate_group(proc.pid, lambda: proc.poll() is None, grace)
 
 
 def _shell_code(code: int) -> int:
     """A child killed by signal N (Popen's -N) exits 128 + N, as a shell reports it."""
     return 128 - code if code < 0 else code
+
+
+def _terminate_group(pgid: int, still_there: Callable[[], bool], grace: float) -> None:
+    """SIGTERM the process group, wait up to `grace` seconds while `still_there()`, then SIGKILL it."""
+    _signal_group(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and still_there():
+        time.sleep(0.05)
+    # The leader may be gone while ranks linger: the group still gets the final signal.
+    _signal_group(pgid, signal.SIGKILL)
 
 
 def _signal_group(pgid: int, sig: signal.Signals) -> None:
@@ -277,11 +280,7 @@ def stop_run(run_dir: Path, force: bool = False, grace: float = KILL_GRACE_S) ->
     pgid, child = status.get("pgid"), status.get("child_pid")
     if not isinstance(pgid, int) or not _same_process(child, status.get("child_started")):
         return f"{run.name}: no live trainer process recorded; nothing to kill"
-    _signal_group(pgid, signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline and _same_process(child, status.get("child_started")):
-        time.sleep(0.05)
-    _signal_group(pgid, signal.SIGKILL)
+    _terminate_group(pgid, lambda: _same_process(child, status.get("child_started")), grace)
     return f"{run.name}: process group {pgid} killed"
 
 
