@@ -14,15 +14,20 @@ from grpo_tui.screens.runs import RunsScreen
 from grpo_tui.widgets.runs_table import RunsTable
 
 
+async def runs_table(pilot, key: str) -> RunsTable:  # noqa: ANN001
+    """Press `key` on the start screen and wait until its runs table lists both recorded runs."""
+    await pilot.pause()
+    await pilot.press(key)
+    table = pilot.app.screen.query_one(RunsTable)
+    await wait_for(pilot, lambda: len(table.runs) == 2)
+    return table
+
 
 async def test_runs_screen_lists_status_and_opens_a_run(app_factory, recorded_run, second_run) -> None:
     app = app_factory()
     async with app.run_test(size=SIZE) as pilot:
-        await pilot.pause()
-        await pilot.press("r")
+        table = await runs_table(pilot, "r")
         assert isinstance(app.screen, RunsScreen)
-        table = app.screen.query_one(RunsTable)
-        await wait_for(pilot, lambda: len(table.runs) == 2)
         assert [r.path for r in table.runs] == [second_run, recorded_run]  # newest first
         assert {r.status for r in table.runs} == {"finished"}
         await pilot.press("down", "enter")
@@ -38,10 +43,7 @@ async def test_runs_screen_lists_status_and_opens_a_run(app_factory, recorded_ru
 async def test_mark_two_runs_and_compare_them(app_factory, recorded_run, second_run) -> None:
     app = app_factory()
     async with app.run_test(size=SIZE) as pilot:
-        await pilot.pause()
-        await pilot.press("r")
-        table = app.screen.query_one(RunsTable)
-        await wait_for(pilot, lambda: len(table.runs) == 2)
+        table = await runs_table(pilot, "r")
         await pilot.press("c")  # nothing marked yet: only one run selected, refused
         assert isinstance(app.screen, RunsScreen)
         await pilot.press("space", "down", "space")
@@ -64,11 +66,8 @@ async def test_mark_two_runs_and_compare_them(app_factory, recorded_run, second_
 async def test_compare_screen_picks_runs_itself(app_factory, recorded_run, second_run) -> None:
     app = app_factory()
     async with app.run_test(size=SIZE) as pilot:
-        await pilot.pause()
-        await pilot.press("c")
+        await runs_table(pilot, "c")
         assert isinstance(app.screen, CompareScreen)
-        table = app.screen.query_one(RunsTable)
-        await wait_for(pilot, lambda: len(table.runs) == 2)
         await pilot.press("enter")  # fewer than two marked: a warning, no load
         assert app.screen.data is None
         await pilot.press("space", "down", "space", "enter")
