@@ -14,10 +14,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from grpo_tui.presets import Preset
+from grpo_tui.rewards import REWARDS
+from grpo_tui.shapes import QWEN3_SHAPES
+from grpo_tui.tiny import BUILTIN_MODEL
 
-# Models and tasks built in code (grpo_tui's training side); `builtin:<name>` must name one. The
-# real-shape random models of grpo_tui.shapes are added by `builtin_models()`.
-BUILTIN_MODELS: tuple[str, ...] = ("tiny-qwen3",)
+# Models and tasks built in code (grpo_tui's training side); `builtin:<name>` must name one.
+BUILTIN_MODELS: tuple[str, ...] = (BUILTIN_MODEL.removeprefix("builtin:"), *QWEN3_SHAPES)
 BUILTIN_DATA: tuple[str, ...] = ("addition",)
 # What grpo_tui.data reads from a local file.
 DATA_SUFFIXES: tuple[str, ...] = (".jsonl", ".json", ".parquet")
@@ -102,23 +104,13 @@ def _check_distributed(preset: Preset, result: CheckResult) -> None:
 def _check_model(preset: Preset, result: CheckResult) -> None:
     name = preset.model.name_or_path
     if name.startswith("builtin:"):
-        known_models = builtin_models()
-        if name.removeprefix("builtin:") not in known_models:
-            known = ", ".join(f"builtin:{m}" for m in known_models)
+        if name.removeprefix("builtin:") not in BUILTIN_MODELS:
+            known = ", ".join(f"builtin:{m}" for m in BUILTIN_MODELS)
             result.errors.append(f"model.name_or_path: got {name!r}; built-in models: {known}")
         return
     path = Path(name).expanduser()
     if _looks_local(name) and not path.exists():
         result.errors.append(f"model.name_or_path: got {name!r}; no such local folder (or give a hub id owner/name)")
-
-
-def builtin_models() -> tuple[str, ...]:
-    """Names accepted after `builtin:` in model.name_or_path."""
-    try:
-        from grpo_tui.shapes import QWEN3_SHAPES
-    except ImportError:  # the shapes module is optional (benchmarks)
-        return BUILTIN_MODELS
-    return BUILTIN_MODELS + tuple(QWEN3_SHAPES)
 
 
 def _check_data(preset: Preset, result: CheckResult) -> None:
@@ -143,28 +135,15 @@ def _looks_local(name: str) -> bool:
 
 
 def _check_rewards(preset: Preset, result: CheckResult) -> None:
-    registry = _reward_registry()
     for index, spec in enumerate(preset.rewards.functions):
         where = f"rewards.functions.{index}.name"
         if ":" in spec.name:
             problem = _import_problem(spec.name)
             if problem:
                 result.errors.append(f"{where}: got {spec.name!r}; {problem}")
-        elif registry is not None and spec.name not in registry:
-            known = ", ".join(sorted(registry))
+        elif spec.name not in REWARDS:
+            known = ", ".join(sorted(REWARDS))
             result.errors.append(f"{where}: got {spec.name!r}; registered rewards: {known} (or module:function)")
-
-
-def _reward_registry() -> dict | None:
-    """`grpo_tui.rewards.REWARDS`, or None while that module does not exist."""
-    try:
-        module = importlib.import_module("grpo_tui.rewards")
-    except ModuleNotFoundError as exc:
-        if exc.name == "grpo_tui.rewards":
-            return None
-        raise
-    registry = getattr(module, "REWARDS", None)
-    return registry if isinstance(registry, dict) else None
 
 
 def _import_problem(spec: str) -> str | None:
