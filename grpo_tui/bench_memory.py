@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo_tui.memory import MEMORY_CAP_ENV
-from grpo_tui.metrics import PHASES, read_records
+from grpo_tui.metrics import PHASES, read_records, step_records
 
 MIB_PER_GIB = 1024.0
 
@@ -63,7 +63,7 @@ def _impl_list(text: str) -> list[str]:
 def _summarise(run_dir: Path) -> tuple[dict[str, float], float | None, float | None, dict[str, Any] | None]:
     """Per-phase peaks (max over steps, GiB), whole-step peak, median step time and the oom event."""
     records = read_records(run_dir / "metrics.jsonl")
-    steps = [r for r in records if "event" not in r and "step" in r]
+    steps = step_records(records)
     oom = next((r for r in records if r.get("event") == "oom"), None)
     phases: dict[str, float] = {}
     for record in steps:

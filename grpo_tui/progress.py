@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, TextIO
 
-from grpo_tui.metrics import read_records
+from grpo_tui.metrics import is_step, read_records
 
 BAR_WIDTH = 20
 # What to try when a phase runs out of memory, in the order that usually helps most.
@@ -94,7 +94,7 @@ class ProgressPrinter:
 
     def feed(self, records: list[dict[str, Any]]) -> None:
         for record in records:
-            if "event" not in record and "step" in record:
+            if is_step(record):
                 self.last_step = int(record.get("step") or 0)
                 if isinstance(record.get("reward"), (int, float)):
                     self.last_reward = float(record["reward"])
