@@ -22,6 +22,7 @@ from typing import Any
 
 from grpo_tui.memory import MEMORY_CAP_ENV
 from grpo_tui.metrics import PHASES, read_records, step_records
+from grpo_tui.presets import LOSS_IMPLS
 
 MIB_PER_GIB = 1024.0
 
@@ -54,9 +55,9 @@ def _int_list(text: str) -> list[int]:
 
 def _impl_list(text: str) -> list[str]:
     impls = [v.strip() for v in text.split(",") if v.strip()]
-    bad = [v for v in impls if v not in ("chunked", "naive", "trl")]
+    bad = [v for v in impls if v not in LOSS_IMPLS]
     if bad or not impls:
-        raise argparse.ArgumentTypeError(f"{text!r}: allowed implementations are chunked, naive, trl")
+        raise argparse.ArgumentTypeError(f"{text!r}: allowed implementations are {', '.join(LOSS_IMPLS)}")
     return impls
 
 
@@ -196,7 +197,7 @@ def plot_memory(trials: list[Trial], path: Path, title: str) -> bool:
 def _common_parser(prog: str, description: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog, description=description)
     parser.add_argument("preset", help="preset name or path to a .toml")
-    parser.add_argument("--impl", type=_impl_list, default=["chunked", "naive", "trl"], help="e.g. chunked,naive,trl")
+    parser.add_argument("--impl", type=_impl_list, default=list(LOSS_IMPLS), help="e.g. chunked,naive,trl")
     parser.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                         help="extra preset overrides for every trial")
     parser.add_argument("--steps", type=int, default=2, help="steps per trial (default 2)")
