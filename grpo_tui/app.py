@@ -166,9 +166,9 @@ class GrpoTuiApp(App[int]):
     @work(thread=True, exclusive=True, group="quit")
     def _check_live_then_quit(self) -> None:
         # Runs seen live this session may have ended since (their dashboards closed): ask run.json.
-        from grpo_tui.runstate import run_info
+        from grpo_tui.runlist import LIVE_STATES, run_info
 
-        live = sorted(p for p in self.live_runs if run_info(p).status in ("running", "starting"))
+        live = sorted(p for p in self.live_runs if run_info(p).status in LIVE_STATES)
         self.live_runs = set(live)
         self.call_from_thread(self._ask_or_exit, live)
 

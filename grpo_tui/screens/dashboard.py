@@ -19,6 +19,7 @@ from textual.widgets import Footer, Header, Static, TabbedContent, TabPane
 from textual.worker import get_current_worker
 
 from grpo_tui.messages import LossImplRequested, StopRequested
+from grpo_tui.runlist import LIVE_STATES
 from grpo_tui.screens.dashboard_feed import METRIC_CHARTS, DashboardFeed, DashboardView
 from grpo_tui.widgets.alerts_panel import AlertBanner, AlertsPanel
 from grpo_tui.widgets.completions_browser import CompletionsBrowser
@@ -30,7 +31,6 @@ from grpo_tui.widgets.phase_peaks import PhasePeaks
 from grpo_tui.widgets.progress_panel import STATE_STYLES, ProgressPanel
 from grpo_tui.widgets.reward_chart import RewardChart
 
-LIVE = ("running", "starting")
 # Seconds between polls of a run that has ended (its files no longer change; the monitor still samples).
 ENDED_POLL_S = 2.0
 
@@ -135,7 +135,7 @@ class DashboardScreen(Screen[None]):
             self.post_message(self.FeedUpdated(view))
             # The next poll starts only after this one finished (no pile-up on a slow disk); an
             # ended run changes no more, so it is looked at less often.
-            interval = self.poll_interval if view.status in LIVE else max(self.poll_interval, ENDED_POLL_S)
+            interval = self.poll_interval if view.status in LIVE_STATES else max(self.poll_interval, ENDED_POLL_S)
             if stop.wait(interval):
                 return
 
@@ -172,7 +172,7 @@ class DashboardScreen(Screen[None]):
             self._drawn_generation = view.generation
             self._draw_charts(view)
         self.query_one(CompletionsBrowser).set_steps(view.completion_steps)
-        if view.status in LIVE:
+        if view.status in LIVE_STATES:
             self.app.live_runs.add(self.run_path)  # type: ignore[attr-defined]
         else:
             self.app.live_runs.discard(self.run_path)  # type: ignore[attr-defined]
@@ -182,7 +182,7 @@ class DashboardScreen(Screen[None]):
         title = Text.assemble(
             (f" {view.run_name} ", "bold"), ("preset ", "dim"), (view.preset or "?", "bold cyan"), "  ",
             (f"● {view.status}", STATE_STYLES.get(view.status, "bold")),
-            ("   stop requested" if view.stop_requested and view.status in LIVE else "", "yellow"),
+            ("   stop requested" if view.stop_requested and view.status in LIVE_STATES else "", "yellow"),
             (f"   ⚠ {alerts} alert kind(s)" if alerts else "   ✓ no alerts", "yellow" if alerts else "green"),
             ("   loading the full history…" if view.partial else "", "dim"),
         )
@@ -211,7 +211,7 @@ class DashboardScreen(Screen[None]):
 
     def request_impl(self, loss_impl: str) -> None:
         """Write control.json (atomically) so the trainer switches at its next step boundary."""
-        if self.view is not None and self.view.status not in LIVE:
+        if self.view is not None and self.view.status not in LIVE_STATES:
             self.notify(f"The run is {self.view.status}; nothing to switch.", severity="warning")
             return
         self._write_request(loss_impl)
@@ -231,7 +231,7 @@ class DashboardScreen(Screen[None]):
     def action_stop(self) -> None:
         from grpo_tui.screens.confirm import ConfirmScreen
 
-        if self.view is not None and self.view.status not in LIVE:
+        if self.view is not None and self.view.status not in LIVE_STATES:
             self.notify(f"The run is already {self.view.status}.", severity="information")
             return
         force = self._stop_requests > 0

@@ -21,6 +21,7 @@ from grpo_tui.completions import CompletionIndex, PromptGroup
 from grpo_tui.metrics import PHASES
 from grpo_tui.monitor import GpuHistory, MonitorSnapshot
 from grpo_tui.rundir import RunDir, read_json
+from grpo_tui.runlist import LIVE_STATES
 from grpo_tui.runstate import PEAK_MIB, RunState, load_recent, load_run, phase_series, read_config, run_info
 from grpo_tui.widgets.progress_panel import ProgressInfo
 
@@ -157,7 +158,7 @@ class DashboardFeed:
                             eta_s=progress.eta_s, steps_per_s=(1.0 / median) if median else None,
                             state=self._status, loss_impl=state.loss_impl or None)
         control = read_json(self.run.control) or {}
-        live = self._status in ("running", "starting")
+        live = self._status in LIVE_STATES
         pending = control.get("loss_impl") if live and control.get("loss_impl") != state.loss_impl else None
         switches = state.switch_steps
         label = None
