@@ -20,6 +20,8 @@ import torch
 from trl import GRPOTrainer
 from trl.trainer.utils import nanmax, nanmin
 
+from grpo_tui.presets import LOSS_IMPLS
+
 # TRL features the chunked path does not implement; each is refused with the GRPOConfig field's name.
 _CHUNKED_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
 
@@ -122,8 +124,8 @@ class GrpoTuiTrainer(GRPOTrainer):
     # ---- the implementation switch -------------------------------------------------------------
     def check_loss_impl(self, impl: str) -> None:
         """Raise LossImplError when `impl` cannot run with this trainer's configuration."""
-        if impl not in ("chunked", "naive", "trl"):
-            raise LossImplError(f"loss.impl: got {impl!r}; allowed: chunked, naive, trl")
+        if impl not in LOSS_IMPLS:
+            raise LossImplError(f"loss.impl: got {impl!r}; allowed: {', '.join(LOSS_IMPLS)}")
         if impl != "chunked":
             return
         lm_head_of(self.model)
