@@ -77,21 +77,17 @@ def _require(run: Path, reached: int, wanted: int) -> None:
 
 def recorded_runs(workdir: Path) -> tuple[Path, Path, object]:
     """The recorded fixture: A switched chunked → naive at step 150 (still live), B naive."""
+    import psutil
+
     from grpo_tui.demo import LiveWriter, make_run
 
     runs = workdir / "runs"
-    a = make_run(runs / "20260101-010000-tiny-cpu", steps=200, max_steps=400, switch_step=150, finished=False).path
+    # A names this process as its supervisor, so it reads as live while the writer appends steps.
+    a = make_run(runs / "20260101-010000-tiny-cpu", steps=200, max_steps=400, switch_step=150, finished=False,
+                 pid=os.getpid(), pid_started=psutil.Process().create_time()).path
     b = make_run(runs / "20260101-000000-tiny-cpu", steps=400, loss_impl="naive", seed=3).path
     writer = LiveWriter(a, hz=4.0, start_step=201, loss_impl="naive").start()
-    meta = (a / "run.json").read_text().replace('"pid": 424242', f'"pid": {os.getpid()}')
-    (a / "run.json").write_text(meta.replace('"pid_started": 1767225600.0', f'"pid_started": {_create_time()}'))
     return a, b, writer
-
-
-def _create_time() -> float:
-    import psutil
-
-    return psutil.Process().create_time()
 
 
 async def capture(workdir: Path, run_a: Path, run_b: Path, out: Path, note: str) -> list[Path]:
