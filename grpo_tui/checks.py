@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from grpo_tui.data import BUILTIN_ADDITION, LOCAL_SUFFIXES
 from grpo_tui.presets import Preset
 from grpo_tui.rewards import REWARDS
 from grpo_tui.shapes import QWEN3_SHAPES
@@ -20,9 +21,7 @@ from grpo_tui.tiny import BUILTIN_MODEL
 
 # Models and tasks built in code (grpo_tui's training side); `builtin:<name>` must name one.
 BUILTIN_MODELS: tuple[str, ...] = (BUILTIN_MODEL.removeprefix("builtin:"), *QWEN3_SHAPES)
-BUILTIN_DATA: tuple[str, ...] = ("addition",)
-# What grpo_tui.data reads from a local file.
-DATA_SUFFIXES: tuple[str, ...] = (".jsonl", ".json", ".parquet")
+BUILTIN_DATA: tuple[str, ...] = (BUILTIN_ADDITION.removeprefix("builtin:"),)
 # owner/name as the hub spells it (a local file would have a known suffix or exist).
 HUB_ID_RE = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
@@ -121,7 +120,7 @@ def _check_data(preset: Preset, result: CheckResult) -> None:
             result.errors.append(f"data.source: got {source!r}; allowed: {allowed}")
         return
     path = Path(source).expanduser()
-    if path.suffix in DATA_SUFFIXES:
+    if path.suffix in LOCAL_SUFFIXES:  # what grpo_tui.data reads from a local file
         if not path.is_file():
             result.errors.append(f"data.source: got {source!r}; no such file")
     elif path.exists():
