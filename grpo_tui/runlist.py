@@ -15,7 +15,7 @@ from typing import Any
 import psutil
 import tomllib
 
-from grpo_tui.metrics import _parse_lines
+from grpo_tui.metrics import _parse_lines, is_step
 from grpo_tui.rundir import list_runs, read_json
 from grpo_tui.series import as_float, as_int
 
@@ -117,7 +117,7 @@ def run_info(run_path: Path) -> RunInfo:
     """
     meta = read_json(run_path / "run.json") or {}
     tail = _tail_records(run_path / "metrics.jsonl")
-    steps = [r for r in tail if "event" not in r and "step" in r]
+    steps = [r for r in tail if is_step(r)]
     last = steps[-1] if steps else {}
     started = as_float(meta.get("started"))
     pid = as_int(meta.get("pid"))
