@@ -10,7 +10,6 @@ it). FAKE_TRAINER_STEP_S is the time per step.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import sys
@@ -19,6 +18,7 @@ import tomllib
 from pathlib import Path
 
 from grpo_tui.metrics import MetricsWriter
+from grpo_tui.rundir import RunDir, read_json
 
 
 def main() -> int:
@@ -49,19 +49,12 @@ def main() -> int:
                 return 1
             writer.write({"step": step, "reward": step / max_steps, "loss": 0.1, "kl": 0.0, "step_time": step_s,
                           "loss_impl": impl, "memory": {"device": "cpu", "gpus": [], "rss_mib": 100.0}})
-            control = _control(args.run_dir)
+            control = read_json(RunDir(args.run_dir).control) or {}
             if control.get("stop") and not os.environ.get("FAKE_TRAINER_IGNORE_STOP"):
                 writer.event("stop_requested", step=step)
                 return 0
         writer.event("finish", step=step)
     return 0
-
-
-def _control(run_dir: Path) -> dict:
-    try:
-        return json.loads((run_dir / "control.json").read_text())
-    except (OSError, ValueError):
-        return {}
 
 
 if __name__ == "__main__":
