@@ -278,9 +278,7 @@ def row_stats(
     """
     n, n_cols = logits.shape
     stats_dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
-    block = _pow2_at_most(n_cols, STATS_BLOCK)
-    seg = max(block, STATS_SEGMENT // block * block)
-    n_seg = -(-n_cols // seg)
+    block, seg, n_seg = _stats_geometry(n_cols)
     if out is None:
         parts = torch.empty((3, n, n_seg), device=logits.device, dtype=stats_dtype)
         target_logit = torch.empty((n,), device=logits.device, dtype=stats_dtype)
@@ -298,10 +296,16 @@ def row_stats(
     return parts, target_logit
 
 
+def _stats_geometry(n_cols: int) -> tuple[int, int, int]:
+    # (columns per loop step, columns per program, programs per row) of `row_stats` for a row of n_cols
+    block = _pow2_at_most(n_cols, STATS_BLOCK)
+    seg = max(block, STATS_SEGMENT // block * block)
+    return block, seg, -(-n_cols // seg)
+
+
 def stats_segments(n_cols: int) -> int:
     """Number of vocab segments `row_stats` splits a row of `n_cols` into (the partials' last dim)."""
-    block = _pow2_at_most(n_cols, STATS_BLOCK)
-    return -(-n_cols // max(block, STATS_SEGMENT // block * block))
+    return _stats_geometry(n_cols)[2]
 
 
 def finish_rows(
