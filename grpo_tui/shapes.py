@@ -102,22 +102,19 @@ def build_shaped_model(name: str, cache_dir: Path | None = None, seed: int = 0) 
     """Build (once) and return the folder of a random-weight model with the named real shape."""
     if name not in QWEN3_SHAPES:
         raise ValueError(f"unknown model shape {name!r}; allowed: {', '.join(shape_names())}")
-    from grpo_tui.tiny import cache_root  # one cache for every built model ($GRPO_TUI_CACHE_DIR)
+    # One cache for every built model ($GRPO_TUI_CACHE_DIR), built into place atomically.
+    from grpo_tui.tiny import build_once, cache_root
 
-    target = (cache_dir or cache_root()) / "models" / name
-    if (target / "config.json").exists() and (target / "tokenizer.json").exists():
-        return target
-    import torch
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+    def build(folder: Path) -> None:
+        import torch
+        from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    config = Qwen3Config(**_COMMON, **QWEN3_SHAPES[name])
-    tokenizer = build_padded_tokenizer(config.vocab_size, _corpus())
-    config.eos_token_id = tokenizer.eos_token_id
-    config.pad_token_id = tokenizer.pad_token_id
-    torch.manual_seed(seed)
-    model = Qwen3ForCausalLM(config).to(torch.bfloat16)
-    tmp = target.with_name(target.name + ".partial")
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    tmp.replace(target) if not target.exists() else None
-    return target
+        config = Qwen3Config(**_COMMON, **QWEN3_SHAPES[name])
+        tokenizer = build_padded_tokenizer(config.vocab_size, _corpus())
+        config.eos_token_id = tokenizer.eos_token_id
+        config.pad_token_id = tokenizer.pad_token_id
+        torch.manual_seed(seed)
+        Qwen3ForCausalLM(config).to(torch.bfloat16).save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+
+    return build_once((cache_dir or cache_root()) / "models" / name, build)
