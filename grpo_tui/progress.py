@@ -77,7 +77,7 @@ def format_event(record: dict[str, Any]) -> str | None:
     if event == "checkpoint":
         return f"step {record.get('step')}: checkpoint saved {record.get('path', '')}".rstrip()
     if event == "control_error":
-        return f"control.json ignored: {record.get('message', record.get('error', ''))}"
+        return f"control.json ignored: {record.get('message', '')}"
     return None
 
 
@@ -146,8 +146,8 @@ def _signal_name(number: int) -> str:
 
 
 def _error_text(record: dict[str, Any]) -> str:
-    kind = record.get("type") or record.get("exception") or "error"
-    message = record.get("message") or record.get("error") or ""
+    kind = record.get("type") or "error"
+    message = record.get("message") or ""
     text = f"{kind}: {message}" if message else str(kind)
     return one_line(text)
 
