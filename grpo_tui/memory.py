@@ -29,8 +29,8 @@ def apply_memory_cap(device: Any) -> float | None:
     try:
         cap_gib = float(raw)
     except ValueError:
-        raise ValueError(f"{MEMORY_CAP_ENV}: got {raw!r}; allowed: a positive number of GiB") from None
-    if cap_gib <= 0:
+        cap_gib = float("nan")
+    if not cap_gib > 0:  # also refuses NaN
         raise ValueError(f"{MEMORY_CAP_ENV}: got {raw!r}; allowed: a positive number of GiB")
     import torch
 
