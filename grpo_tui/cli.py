@@ -323,7 +323,7 @@ def _cmd_control(args: argparse.Namespace) -> int:
     from grpo_tui.runner import ACTIVE_STATES, effective_status, stop_run
 
     run = RunDir(args.run_dir.resolve())
-    if not run.path.is_dir() or not (run.status.exists() or run.metrics.exists()):
+    if not run.is_run:
         print(f"{args.run_dir}: not a run folder (no run.json or metrics.jsonl)", file=sys.stderr)
         return EXIT_USAGE
     if args.force and not args.stop:

@@ -107,6 +107,11 @@ class RunDir:
     def status(self) -> Path:
         return self.path / "run.json"
 
+    @property
+    def is_run(self) -> bool:
+        """A run folder: one with a run.json (runner) or a metrics.jsonl (a trainer started by hand)."""
+        return self.path.is_dir() and (self.status.exists() or self.metrics.exists())
+
     def read_status(self) -> dict[str, Any]:
         return read_json(self.status) or {}
 
@@ -131,5 +136,5 @@ def list_runs(runs_dir: Path) -> list[RunDir]:
     root = Path(runs_dir)
     if not root.is_dir():
         return []
-    found = [RunDir(p) for p in root.iterdir() if p.is_dir() and ((p / "run.json").exists() or (p / "metrics.jsonl").exists())]
+    found = [run for run in map(RunDir, root.iterdir()) if run.is_run]
     return sorted(found, key=lambda r: r.name, reverse=True)
