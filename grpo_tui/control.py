@@ -1,8 +1,9 @@
 """Reading control.json (the runner's and dashboard's requests) at step boundaries.
 
 The file is written atomically by `RunDir.request`; each write bumps `request_id`, so a request is
-acted on once. Fields: `stop: true`, `loss_impl: "chunked" | "naive" | "trl"`. A malformed file is
-reported once (per distinct content) and otherwise ignored: the run goes on.
+acted on once. Fields: `stop: true`, `loss_impl: "chunked" | "naive" | "trl"`; `kill: true` (beside
+`stop`, from `control --stop --force`) is read by the runner only, to tell a kill from a failure. A
+malformed file is reported once (per distinct content) and otherwise ignored: the run goes on.
 """
 
 from __future__ import annotations
