@@ -135,6 +135,9 @@ class CompareScreen(Screen[None]):
         if self.pair is not None:
             self._load(*self.pair)
 
+    def on_screen_resume(self) -> None:
+        self.query_one(RunsTable).refresh_runs()
+
     def on_data_table_row_selected(self) -> None:
         self.action_mark()  # a click on a row marks it, like space
 

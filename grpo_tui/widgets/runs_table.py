@@ -40,9 +40,9 @@ class RunsTable(DataTable):
         self.add_column("reward", key="reward")
         self.add_column("loss", key="loss")
         self.add_column("started", key="started")
-        self.refresh_runs()
 
     def refresh_runs(self) -> None:
+        """Scan the runs folder again (its screen calls this when it shows: on ScreenResume)."""
         self._scan(Path(self.app.runs_dir))  # type: ignore[attr-defined]
 
     @work(thread=True, exclusive=True, group="runs-scan")
