@@ -65,9 +65,8 @@ class RunsTable(DataTable):
     def _cells(self, run: RunInfo) -> list[Text | str]:
         started = time.strftime("%m-%d %H:%M", time.localtime(run.started)) if run.started else "—"
         reward = f"{run.last_reward:.3f}" if run.last_reward is not None else "—"
-        mark = Text("●", "bold magenta") if run.path in self.marked else ""
-        return [mark, run.name, run.preset, Text(run.status, STATUS_STYLES.get(run.status, "")), str(run.steps),
-                reward, run.loss_impl or "—", started]
+        return [self._mark_cell(run.path), run.name, run.preset, Text(run.status, STATUS_STYLES.get(run.status, "")),
+                str(run.steps), reward, run.loss_impl or "—", started]
 
     @property
     def selected(self) -> RunInfo | None:
@@ -85,4 +84,7 @@ class RunsTable(DataTable):
         else:
             self.marked = (self.marked + [run.path])[-2:]
         for i, info in enumerate(self.runs):
-            self.update_cell_at((i, 0), Text("●", "bold magenta") if info.path in self.marked else "")
+            self.update_cell_at((i, 0), self._mark_cell(info.path))
+
+    def _mark_cell(self, path: Path) -> Text | str:
+        return Text("●", "bold magenta") if path in self.marked else ""
