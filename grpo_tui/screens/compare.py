@@ -82,6 +82,8 @@ def comparison_table(data: CompareData) -> Table:
 class OverlayChart(MetricChart):
     """Two runs' series on one chart (A blue, B orange)."""
 
+    pair: tuple[tuple[list[float], list[float]], ...] = ()  # (xs, ys) of A, then B; empty until loaded
+
     def show_pair(self, series: tuple[tuple[list[float], list[float]], ...]) -> None:
         self.pair = series
         self.xs = [x for xs, _ in series for x in xs]
@@ -92,8 +94,7 @@ class OverlayChart(MetricChart):
                              ("━ B", f"bold {COLOURS[1]}"))
 
     def series(self) -> list[Series]:
-        pair = getattr(self, "pair", ())
-        return [Series(xs, ys, colour) for colour, (xs, ys) in zip(COLOURS, pair)]
+        return [Series(xs, ys, colour) for colour, (xs, ys) in zip(COLOURS, self.pair)]
 
 
 class CompareScreen(Screen[None]):
