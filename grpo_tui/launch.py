@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo_tui.presets import Preset
+from grpo_tui.rundir import RunDir
 
 TRAIN_MODULE = "grpo_tui.train"
 
@@ -104,7 +105,7 @@ def write_accelerate_config(preset: Preset, path: Path, machine_rank: int | None
 def build_launch_command(preset: Preset, run_dir: Path, config_file: Path | None = None) -> list[str]:
     """argv that starts the trainer on this machine for the run folder `run_dir`."""
     run_dir = Path(run_dir)
-    config_file = config_file or run_dir / "accelerate.yaml"
+    config_file = config_file or RunDir(run_dir).accelerate_config
     return [
         sys.executable,
         "-m",
