@@ -309,7 +309,8 @@ def _step_boundary_callback(session: TrainingSession) -> Any:
     return StepBoundary()
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, hard_exit: bool = False) -> int:
+    """Train one run folder; `hard_exit` (the command line) leaves a distributed run without interpreter teardown."""
     parser = argparse.ArgumentParser(prog="python -m grpo_tui.train", description=__doc__.splitlines()[0])
     parser.add_argument("--run-dir", required=True, type=Path)
     args = parser.parse_args(argv)
@@ -328,11 +329,11 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if writer is not None:
             writer.close()
-        _shutdown_distributed(state, healthy=code == EXIT_OK)
+        _shutdown_distributed(state, healthy=code == EXIT_OK, hard_exit=hard_exit, code=code)
     return code
 
 
-def _shutdown_distributed(state: Any, healthy: bool) -> None:
+def _shutdown_distributed(state: Any, healthy: bool, hard_exit: bool = False, code: int = EXIT_OK) -> None:
     if not state.use_distributed:
         return
     import torch.distributed as dist
@@ -343,6 +344,13 @@ def _shutdown_distributed(state: Any, healthy: bool) -> None:
         # Leave together: a gloo rank whose peer has already torn down its sockets can abort (SIGABRT)
         # in the transport's background thread, turning a finished run into a failed launch.
         dist.barrier()
+    if hard_exit:
+        # Everything is written (metrics closed, checkpoints saved). Tearing down gloo's process group or
+        # the interpreter still aborted now and then on CPU ("terminate called without an active
+        # exception", seen in CI after a finished run), so the process leaves without either.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
     dist.destroy_process_group()
 
 
@@ -388,4 +396,4 @@ def _report_failure(exc: BaseException, writer: MetricsWriter | None, session: A
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(hard_exit=True))

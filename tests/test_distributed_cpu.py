@@ -35,7 +35,8 @@ def _accelerate_cpu(run_dir: Path) -> subprocess.CompletedProcess:
             "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
             "--main_process_port", str(_free_port()),
             "-m", "grpo_tui.train", "--run-dir", str(run_dir)]  # fmt: skip
-    env = {**os.environ, "ACCELERATE_USE_CPU": "true", "OMP_NUM_THREADS": "1"}
+    # PYTHONFAULTHANDLER: should a rank abort again, its Python stacks land in the failure message
+    env = {**os.environ, "ACCELERATE_USE_CPU": "true", "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1"}
     return subprocess.run(argv, capture_output=True, text=True, timeout=240, env=env)
 
 
