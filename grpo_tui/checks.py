@@ -40,6 +40,7 @@ def check_preset(preset: Preset, environment: bool = True, visible_gpus: int | N
     """All cross-field checks; with `environment`, also those that depend on this machine."""
     result = CheckResult()
     _check_batch(preset, result)
+    _check_sub_batches(preset, result)
     _check_loss(preset, result)
     _check_distributed(preset, result)
     _check_model(preset, result)
@@ -64,6 +65,21 @@ def _check_batch(preset: Preset, result: CheckResult) -> None:
             f"grpo.num_generations: got {g.num_generations}; must divide the generation batch "
             f"per_device_batch_size {g.per_device_batch_size} x num_processes {d.num_processes} x "
             f"num_machines {d.num_machines} x gradient_accumulation_steps {g.gradient_accumulation_steps} = {total}"
+        )
+
+
+def _check_sub_batches(preset: Preset, result: CheckResult) -> None:
+    g = preset.grpo
+    rollout = g.per_device_batch_size * g.gradient_accumulation_steps  # TRL generates once per optimizer step
+    if g.generation_sub_batch is not None and g.generation_sub_batch >= rollout:
+        result.notes.append(
+            f"grpo.generation_sub_batch: {g.generation_sub_batch} >= the {rollout} completions each device "
+            f"generates per step (per_device_batch_size x gradient_accumulation_steps); it has no effect"
+        )
+    if g.scoring_sub_batch is not None and g.scoring_sub_batch >= g.per_device_batch_size:
+        result.notes.append(
+            f"grpo.scoring_sub_batch: {g.scoring_sub_batch} >= per_device_batch_size {g.per_device_batch_size}, "
+            f"which scoring already uses; it has no effect"
         )
 
 

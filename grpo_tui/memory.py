@@ -5,9 +5,11 @@ at the phase's start. Phases nest (TRL generates inside `training_step`), so ent
 the measurement of the enclosing one and leaving it resumes the enclosing one with a fresh peak: each
 byte is charged to the innermost phase that was running.
 
-On the CPU there is no allocator peak to read: the figure is the process RSS (psutil) sampled at the
-phase's boundaries, the max of its start and end samples. It shows growth across phases, not
-short-lived spikes inside one.
+On the CPU there is no allocator peak to read: the figure is the process's peak RSS. On Linux the
+kernel keeps that high-water mark (VmHWM in /proc/self/status) and resets it on request (writing 5 to
+/proc/self/clear_refs), so each phase gets its true peak, short-lived spikes such as a KV cache
+included. Elsewhere it falls back to RSS (psutil) sampled at the phase's boundaries, which shows
+growth across phases but not spikes inside one.
 """
 
 from __future__ import annotations
@@ -50,6 +52,28 @@ def _rss_mib() -> float:
     return psutil.Process(os.getpid()).memory_info().rss / MIB
 
 
+def _reset_rss_peak() -> bool:
+    """Reset this process's RSS high-water mark (Linux); False where the kernel does not offer it."""
+    try:
+        with open("/proc/self/clear_refs", "w") as handle:
+            handle.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def _rss_peak_mib() -> float | None:
+    """This process's RSS high-water mark since the last reset (VmHWM), or None where unavailable."""
+    try:
+        with open("/proc/self/status") as handle:
+            for line in handle:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024  # kB
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
 class PhaseMemory:
     """Tracks peak MiB per phase since the last `take_step()`; `failed_phase` is set by an OOM."""
 
@@ -62,6 +86,8 @@ class PhaseMemory:
         self.failed_phase: str | None = None
         self._stack: list[str] = []
         self._start_rss = 0.0
+        # Linux: true per-phase RSS peaks from the kernel's resettable high-water mark.
+        self.rss_hwm = not self.cuda and _reset_rss_peak() and _rss_peak_mib() is not None
 
     @property
     def current(self) -> str | None:
@@ -72,6 +98,8 @@ class PhaseMemory:
             import torch
 
             return torch.cuda.max_memory_allocated(self.device) / MIB
+        if self.rss_hwm:
+            return _rss_peak_mib() or _rss_mib()
         return max(self._start_rss, _rss_mib())
 
     def _restart(self) -> None:
@@ -79,6 +107,8 @@ class PhaseMemory:
             import torch
 
             torch.cuda.reset_peak_memory_stats(self.device)
+        elif self.rss_hwm:
+            _reset_rss_peak()
         else:
             self._start_rss = _rss_mib()
 

@@ -160,6 +160,8 @@ def build_trainer(preset: Preset, run: RunDir, callbacks: list | None = None, on
         loss_impl=preset.loss.impl,
         chunk_tokens=preset.loss.chunk_tokens,
         lean=preset.loss.lean,
+        generation_sub_batch=preset.grpo.generation_sub_batch,
+        scoring_sub_batch=preset.grpo.scoring_sub_batch,
         on_step_logged=on_step_logged,
     )
     from transformers import PrinterCallback

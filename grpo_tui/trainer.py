@@ -103,6 +103,8 @@ class GrpoTuiTrainer(GRPOTrainer):
         loss_impl: str = "trl",
         chunk_tokens: int | None = None,
         lean: bool = False,
+        generation_sub_batch: int | None = None,
+        scoring_sub_batch: int | None = None,
         phases: Any = None,
         on_step_logged: Callable[[GrpoTuiTrainer, dict[str, Any]], None] | None = None,
         **kwargs: Any,
@@ -113,6 +115,8 @@ class GrpoTuiTrainer(GRPOTrainer):
         self.impl_of_step = loss_impl  # the impl that computed the current step's loss
         self.chunk_tokens = chunk_tokens
         self.lean = lean
+        self.generation_sub_batch = generation_sub_batch
+        self.scoring_sub_batch = scoring_sub_batch
         self.on_step_logged = on_step_logged
         super().__init__(*args, **kwargs)
         self.phases = phases if phases is not None else PhaseMemory(self.accelerator.device)
@@ -159,6 +163,25 @@ class GrpoTuiTrainer(GRPOTrainer):
         with self.phases.track("generation"):
             return super()._generate(prompts)
 
+    def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+        # grpo.generation_sub_batch: generate the rollout a slice at a time, so the KV cache (the step's peak
+        # for long completions) holds one slice. Each completion is sampled independently, so slicing keeps
+        # the distribution; vLLM, continuous batching and multimodal inputs manage their own memory.
+        size = self.generation_sub_batch
+        if (size is None or len(prompt_ids) <= size or self.use_vllm or self.use_transformers_continuous_batching
+                or multimodal_fields):  # fmt: skip
+            return super()._generate_single_turn(prompt_ids, images, multimodal_fields, num_generations, has_tool_images)
+        completion_ids: list = []
+        logprobs: list | None = []
+        for start in range(0, len(prompt_ids), size):
+            part_images = images[start : start + size] if images is not None else None
+            ids, part_logprobs = super()._generate_single_turn(
+                prompt_ids[start : start + size], part_images, multimodal_fields, num_generations, has_tool_images
+            )
+            completion_ids.extend(ids)
+            logprobs = None if part_logprobs is None or logprobs is None else logprobs + list(part_logprobs)
+        return completion_ids, logprobs
+
     def _generate_and_score_completions(self, inputs: Any) -> Any:
         with self.phases.track("scoring"):
             return super()._generate_and_score_completions(inputs)
@@ -171,6 +194,10 @@ class GrpoTuiTrainer(GRPOTrainer):
     # ---- log-probs -------------------------------------------------------------------------------
     def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None,
                                            compute_entropy=False, compute_aux_loss=False, **multimodal):  # fmt: skip
+        if self.scoring_sub_batch is not None and not torch.is_grad_enabled():
+            # Scoring (old/reference log-probs) runs without autograd: smaller forwards lower its peak. The loss
+            # forward keeps its graph for backward, where slicing would not lower the peak; it is left alone.
+            batch_size = min(batch_size or input_ids.size(0), self.scoring_sub_batch)
         if self.loss_impl == "trl" or compute_aux_loss or any(v is not None for v in multimodal.values()):
             return super()._get_per_token_logps_and_entropies(
                 model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, compute_aux_loss,

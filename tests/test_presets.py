@@ -155,6 +155,8 @@ def test_validate_ok(capsys: pytest.CaptureFixture[str]) -> None:
         ('[loss]\nimpl = "fast"\n', "loss.impl: got 'fast'; Input should be 'chunked', 'naive' or 'trl'"),
         ('[[rewards.functions]]\nname = "gsm8k_correct"\nwieght = 2\n', "rewards.functions.0.wieght: unknown key"),
         ("model = 3\n", "model: got 3"),
+        ("[grpo]\ngeneration_sub_batch = 0\n", "grpo.generation_sub_batch: got 0; Input should be greater than or equal to 1"),
+        ('[grpo]\nscoring_sub_batch = "half"\n', "grpo.scoring_sub_batch: got 'half'"),
     ],
 )
 def test_validate_schema_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, expected: str) -> None:
@@ -350,3 +352,18 @@ def test_validate_reports_machine_problems_as_warnings(
     assert main(["presets", "validate", "qwen3-0.6b-gsm8k"]) == 0
     err = capsys.readouterr().err
     assert "warning (on this machine): distributed.num_processes: got 1; 0 GPU(s) visible" in err
+
+
+def test_sub_batches_that_cover_the_rollout_are_notes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    text = "[grpo]\nper_device_batch_size = 8\ngradient_accumulation_steps = 2\n"
+    noop = write(tmp_path, text + "generation_sub_batch = 16\nscoring_sub_batch = 8\n")
+    assert main(["presets", "validate", str(noop)]) == 0
+    err = capsys.readouterr().err
+    assert "grpo.generation_sub_batch: 16 >= the 16 completions each device generates per step" in err
+    assert "grpo.scoring_sub_batch: 8 >= per_device_batch_size 8, which scoring already uses" in err
+    acting = Preset.model_validate(
+        {"grpo": {"per_device_batch_size": 8, "gradient_accumulation_steps": 2, "generation_sub_batch": 15,
+                  "scoring_sub_batch": 4}}
+    )  # fmt: skip
+    result = check_preset(acting, environment=False)
+    assert result.ok and not [n for n in result.notes if "sub_batch" in n]

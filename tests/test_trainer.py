@@ -202,7 +202,9 @@ def test_phase_memory_charges_the_innermost_phase(monkeypatch: pytest.MonkeyPatc
 
     rss = iter([100.0, 100.0, 150.0, 400.0, 160.0, 170.0, 170.0] + [170.0] * 20)
     monkeypatch.setattr(memory, "_rss_mib", lambda: next(rss))
+    monkeypatch.setattr(memory, "_reset_rss_peak", lambda: False)  # the boundary-sampling fallback
     phases = memory.PhaseMemory("cpu")
+    assert not phases.rss_hwm
     with phases.track("loss"):  # start 100
         with phases.track("generation"):  # loss sampled at 100; generation starts at 150, ends at 400
             pass
@@ -214,3 +216,74 @@ def test_phase_memory_charges_the_innermost_phase(monkeypatch: pytest.MonkeyPatc
         with phases.track("scoring"):
             raise torch.OutOfMemoryError("simulated")
     assert phases.failed_phase == "scoring"
+
+
+def test_phase_memory_on_cpu_catches_a_spike_freed_before_the_phase_ends() -> None:
+    import torch
+
+    from grpo_tui import memory
+
+    phases = memory.PhaseMemory("cpu")
+    if not phases.rss_hwm:
+        pytest.skip("no resettable RSS high-water mark on this kernel")
+    with phases.track("scoring"):
+        with phases.track("generation"):
+            spike = torch.ones(96 * 2**20)  # 384 MiB, touched, then gone before the phase ends
+            del spike
+        after = memory._rss_mib()
+    peaks = phases.take_step()
+    assert peaks["generation"] >= after + 300  # boundary samples alone would have missed it
+    assert peaks["scoring"] < peaks["generation"] - 300  # the enclosing phase resumes with a fresh peak
+
+
+def _trainer(tiny_model_path: Path, tmp_path: Path, name: str, **grpo: Any) -> Any:
+    from grpo_tui.presets import Preset
+
+    run = make_run(tmp_path, name, grpo={"max_steps": 2, "per_device_batch_size": 8, "num_generations": 4,
+                                         "beta": 0.1, **grpo})  # fmt: skip
+    preset = Preset.model_validate(tomllib.loads(run.config.read_text()))
+    return train.build_trainer(preset, run)
+
+
+def _batch_sizes(module: Any, grad: bool | None = None) -> list[int]:
+    import torch
+
+    sizes: list[int] = []
+
+    def hook(_module: Any, args: tuple, kwargs: dict) -> None:
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        if grad is None or torch.is_grad_enabled() == grad:
+            sizes.append(ids.shape[0])
+
+    module.register_forward_pre_hook(hook, with_kwargs=True)
+    return sizes
+
+
+def test_generation_sub_batch_slices_the_rollout_and_keeps_each_completion(tiny_model_path: Path, tmp_path: Path) -> None:
+    trainer = _trainer(tiny_model_path, tmp_path, "gen", generation_sub_batch=3)
+    trainer.generation_config.do_sample = False  # greedy: each completion is a function of its prompt alone
+    prompts = [row["prompt"] for row in trainer.train_dataset.select(range(2)) for _ in range(4)]
+    calls: list[int] = []
+    generate = trainer.model.generate
+    trainer.model.generate = lambda *a, **k: calls.append(k["input_ids"].shape[0]) or generate(*a, **k)
+    sliced = trainer._generate(prompts)[1]
+    assert calls == [3, 3, 2]
+    trainer.generation_sub_batch, calls[:] = None, []
+    whole = trainer._generate(prompts)[1]
+    assert calls == [8]
+    assert sliced == whole and len(whole) == 8 and all(len(c) > 0 for c in whole)
+
+
+def test_scoring_sub_batch_slices_only_the_no_grad_forwards_and_keeps_the_loss(tiny_model_path: Path, tmp_path: Path) -> None:
+    history = {}
+    for name, size in (("whole", None), ("sliced", 3)):
+        trainer = _trainer(tiny_model_path, tmp_path, name, **({"scoring_sub_batch": size} if size else {}))
+        # beta > 0 without LoRA: a reference copy, used only for scoring
+        scoring, loss = _batch_sizes(trainer.ref_model.model), _batch_sizes(trainer.model.model, grad=True)
+        trainer.train()
+        assert scoring == ([3, 3, 2] * 2 if size else [8] * 2)  # 2 steps of 8 completions
+        assert loss == [8] * 2  # the loss forward keeps the whole micro-batch
+        history[name] = [r for r in trainer.state.log_history if "loss" in r]
+    for a, b in zip(history["whole"], history["sliced"], strict=True):
+        for key in ("loss", "kl", "grad_norm", "reward"):
+            assert a[key] == pytest.approx(b[key], rel=REL, abs=ABS), key
