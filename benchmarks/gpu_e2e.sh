@@ -3,7 +3,7 @@
 #
 # Run from the repository root on a CUDA machine that has torch, triton, transformers, accelerate and
 # peft (the device image), with the missing packages as wheels in .whl/ and GSM8K in .devdata/:
-#   bash benchmarks/gpu_e2e.sh PHASE...     PHASE: tests kernel memory memory2 concurrent
+#   bash benchmarks/gpu_e2e.sh PHASE...     PHASE: tests kernel memory memory2 concurrent rollout
 # Results land in $OUT (default ./gpu-out): one folder per phase plus a log; a table is printed last.
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu-out}
@@ -74,7 +74,16 @@ for phase in "$@"; do
       done
       tail -n 4 "$OUT"/maxbatch-*.log  # -n: "tail -4" with several files fails
       ;;
-    *) echo "unknown phase $phase; allowed: tests kernel memory memory2 concurrent" >&2; exit 2 ;;
+    rollout)
+      # Issue 6 item 3: the rollout's peak with generation/scoring in sub-batches, then the whole step.
+      build_model || exit 1
+      timeout 300 python3 benchmarks/rollout_memory.py qwen3-0.6b-gsm8k --rollout 128 \
+        --settings none,gen=32,gen=16,gen=32+score=32 "${E2E_SETS[@]}" --out "$OUT/rollout" 2>&1 | tail -6
+      timeout 250 python3 -m grpo_tui.cli bench memory qwen3-0.6b-gsm8k "${E2E_SETS[@]}" \
+        --set grpo.generation_sub_batch=32 --batch 64,128 --impl chunked --steps 2 \
+        --runs-dir /tmp/runs-mem-sub --out "$OUT/memory-subbatch" 2>&1 | tail -6
+      ;;
+    *) echo "unknown phase $phase; allowed: tests kernel memory memory2 concurrent rollout" >&2; exit 2 ;;
   esac
 done
 echo "=== done $(date -u +%T)"

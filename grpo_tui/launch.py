@@ -141,3 +141,42 @@ def format_command(argv: list[str], env: dict[str, str] | None = None) -> str:
     """A copy-pasteable shell rendering of argv (display only; never executed through a shell)."""
     prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in (env or {}).items() if k != "PYTHONUNBUFFERED")
     return (prefix + " " if prefix else "") + shlex.join(argv)
+
+
+def slurm_script(preset: Preset, run_dir: Path, workdir: Path, sbatch: dict[str, str] | None = None) -> str:
+    """An sbatch script that starts the run on `distributed.num_machines` nodes of a SLURM allocation.
+
+    One task per node runs this machine's launch command with `--machine_rank $SLURM_NODEID` and the
+    allocation's first node as the main process address (the preset's own address, if set, is not used:
+    the nodes are only known once the job starts). The run folder must be on a filesystem every node
+    sees, as the job's output and the metrics go there; the ranks start in `workdir`, as local runs
+    start in the folder they were launched from (a `module:function` reward is imported from there).
+    """
+    d = preset.distributed
+    run_dir = Path(run_dir)
+    options = {
+        "job-name": f"grpo-tui-{preset.name}",
+        "nodes": str(d.num_machines),
+        "ntasks-per-node": "1",
+        "output": str(run_dir / "slurm-%j.log"),
+    }
+    if not d.use_cpu:
+        options["gpus-per-node"] = str(d.num_processes)
+    options.update(sbatch or {})
+    argv = build_launch_command(preset, run_dir)
+    split = argv.index("-m", 3)  # launcher flags go before the training module
+    node_command = (
+        "exec " + shlex.join(argv[:split]) + ' --machine_rank "$SLURM_NODEID" --main_process_ip "$MASTER_ADDR"'
+        f" --main_process_port {d.main_process_port} " + shlex.join(argv[split:])
+    )
+    lines = ["#!/bin/bash", f"# grpo-tui: preset {preset.name}, run folder {run_dir}"]
+    lines += [f"#SBATCH --{key}={value}" for key, value in options.items()]
+    lines += ["set -euo pipefail", f"cd {shlex.quote(str(workdir))}"]
+    lines += [f"export {key}={shlex.quote(value)}" for key, value in launch_env(preset).items()]
+    lines += [
+        'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+        "export MASTER_ADDR",
+        f"NODE_COMMAND={shlex.quote(node_command)}",
+        'srun --ntasks-per-node=1 --kill-on-bad-exit=1 bash -c "$NODE_COMMAND"',
+    ]
+    return "\n".join(lines) + "\n"

@@ -27,6 +27,7 @@ HEAD_BYTES = 16 * 1024
 STARTING_GRACE_S = 30.0
 # Run states that mean a process should still be alive.
 LIVE_STATES = frozenset({"starting", "running"})
+SUBMITTED = "submitted"  # written by `grpo-tui slurm`: the job is queued or runs on other hosts
 # Slack (s) between run.json's start time and the process's create time before a pid counts as reused.
 PID_REUSE_SLACK_S = 5.0
 
@@ -122,7 +123,9 @@ def run_info(run_path: Path) -> RunInfo:
     started = as_float(meta.get("started"))
     pid = as_int(meta.get("pid"))
     state = str(meta.get("status") or meta.get("state") or "")
-    if state in LIVE_STATES or not state:
+    if state == SUBMITTED:
+        status = submitted_status([(str(r["event"]), r) for r in tail if "event" in r])
+    elif state in LIVE_STATES or not state:
         alive = (pid_alive(meta.get("pid"), as_float(meta.get("pid_started")), started)
                  or pid_alive(meta.get("child_pid"), as_float(meta.get("child_started")), started)
                  or (not isinstance(meta.get("pid"), int) and _start_event_alive(run_path / "metrics.jsonl")))
@@ -142,6 +145,14 @@ def run_info(run_path: Path) -> RunInfo:
     return RunInfo(path=run_path, name=run_path.name, status=status, preset=str(preset), started=started,
                    steps=as_int(last.get("step")) or 0, last_reward=as_float(last.get("reward")),
                    loss_impl=str(last.get("loss_impl", "")), pid=pid)
+
+
+def submitted_status(events: list[tuple[str, dict[str, Any]]]) -> str:
+    """A run handed to a batch system (`grpo-tui slurm`): its ranks run on other hosts, so no local
+    process tells whether it lives; "submitted" until its stream starts, then what the stream says."""
+    if not any(kind == "start" for kind, _ in events):
+        return SUBMITTED
+    return stream_status(events)
 
 
 def stream_status(events: list[tuple[str, dict[str, Any]]]) -> str:

@@ -14,7 +14,7 @@ from textual.widgets import DataTable
 from grpo_tui.runstate import RunInfo, scan_runs
 
 STATUS_STYLES = {"running": "bold green", "starting": "bold cyan", "finished": "blue", "failed": "bold red",
-                 "stopped": "yellow", "lost": "red"}
+                 "stopped": "yellow", "lost": "red", "submitted": "cyan"}
 
 
 class RunsTable(DataTable):

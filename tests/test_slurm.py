@@ -1,0 +1,136 @@
+"""`grpo-tui slurm`: the sbatch script for a multi-node run, checked as text and run as two "nodes" here.
+
+SLURM is not installed on these machines: `srun`, `scontrol` and `sbatch` are small stand-ins on PATH
+that behave as a 2-node allocation of this one machine would (one task per node, SLURM_NODEID set).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+from tiny_cache import tiny_model_path  # noqa: F401 - session fixture
+
+from grpo_tui.cli import main
+from grpo_tui.metrics import read_records, step_records
+from grpo_tui.rundir import RunDir
+
+SRUN = """#!/bin/bash
+cmd="${@: -1}"
+pids=()
+for node in 0 1; do SLURM_NODEID=$node SLURM_PROCID=$node bash -c "$cmd" & pids+=($!); done
+rc=0; for p in "${pids[@]}"; do wait "$p" || rc=$?; done; exit $rc
+"""
+SCONTROL = "#!/bin/bash\nprintf '127.0.0.1\\nnode-b\\n'\n"
+SBATCH_OK = '#!/bin/bash\necho "$@" > "$(dirname "$0")/sbatch-args"\necho "Submitted batch job 4242"\n'
+SBATCH_REFUSES = '#!/bin/bash\necho "sbatch: error: invalid partition specified: nope" >&2\nexit 1\n'
+
+
+def _stub(folder: Path, name: str, text: str) -> None:
+    folder.mkdir(exist_ok=True)
+    path = folder / name
+    path.write_text(text)
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+
+
+def _prepare(capsys: pytest.CaptureFixture[str], tmp_path: Path, *args: str) -> RunDir:
+    assert main(["slurm", "tiny-cpu", "--runs-dir", str(tmp_path / "runs"), *args]) == 0
+    out = capsys.readouterr().out.splitlines()
+    return RunDir(Path(out[0]))
+
+
+def test_script_asks_for_the_nodes_and_starts_each_rank_with_its_node_id(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    run = _prepare(capsys, tmp_path, "--set", "distributed.num_machines=3", "--set", "distributed.use_cpu=false",
+                   "--set", "distributed.num_processes=4", "--partition", "gpu", "--time", "04:00:00",
+                   "--sbatch", "cpus-per-task=16")  # fmt: skip
+    script = (run.path / "job.sbatch").read_text()
+    for line in ("#SBATCH --nodes=3", "#SBATCH --ntasks-per-node=1", "#SBATCH --gpus-per-node=4",
+                 "#SBATCH --partition=gpu", "#SBATCH --time=04:00:00", "#SBATCH --cpus-per-task=16",
+                 f"#SBATCH --output={run.path}/slurm-%j.log", f"cd {os.getcwd()}"):  # fmt: skip
+        assert line in script.splitlines(), line
+    node = next(line for line in script.splitlines() if line.startswith("NODE_COMMAND="))
+    # launcher flags before the training module; the rank and address come from the allocation
+    assert node.index('--machine_rank "$SLURM_NODEID"') < node.index("-m grpo_tui.train")
+    assert '--main_process_ip "$MASTER_ADDR"' in node and f"--run-dir {run.path}" in node
+    config = (run.path / "accelerate.yaml").read_text()
+    assert "num_machines: 3" in config and "num_processes: 12" in config
+    status = json.loads(run.status.read_text())
+    assert status["status"] == "submitted" and status["launcher"] == "slurm"
+    assert main(["runs", "--runs-dir", str(tmp_path / "runs")]) == 0
+    assert "submitted" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--sbatch", "cpus per task=4"], "--sbatch: got 'cpus per task=4'; expected OPTION=VALUE"),
+        (["--sbatch", "nodes"], "--sbatch: got 'nodes'; expected OPTION=VALUE"),
+        (["--set", "grpo.num_generations=7"], "grpo.num_generations: got 7; must divide the generation batch"),
+    ],
+)
+def test_bad_input_is_one_line_and_makes_no_run(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, args: list[str], expected: str
+) -> None:
+    assert main(["slurm", "tiny-cpu", "--runs-dir", str(tmp_path / "runs"), *args]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(expected)
+    assert not (tmp_path / "runs").exists()
+
+
+def test_submit_records_the_job_id_or_the_refusal(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    stubs = tmp_path / "bin"
+    monkeypatch.setenv("PATH", f"{stubs}:{os.environ['PATH']}")
+    monkeypatch.setattr("shutil.which", lambda name: str(stubs / name) if (stubs / name).exists() else None)
+    assert main(["slurm", "tiny-cpu", "--submit", "--runs-dir", str(tmp_path / "none")]) == 1
+    assert "--submit needs sbatch on PATH" in capsys.readouterr().err
+    assert not (tmp_path / "none").exists()
+
+    _stub(stubs, "sbatch", SBATCH_OK)
+    run = _prepare(capsys, tmp_path, "--submit")
+    status = json.loads(run.status.read_text())
+    assert status["slurm_job"] == 4242 and status["status"] == "submitted"
+    assert (stubs / "sbatch-args").read_text().strip() == str(run.path / "job.sbatch")
+
+    _stub(stubs, "sbatch", SBATCH_REFUSES)
+    assert main(["slurm", "tiny-cpu", "--submit", "--runs-dir", str(tmp_path / "refused")]) == 1
+    assert capsys.readouterr().err.strip() == (
+        "grpo-tui slurm: sbatch refused the job: sbatch: error: invalid partition specified: nope"
+    )
+    (refused,) = (tmp_path / "refused").iterdir()
+    assert json.loads((refused / "run.json").read_text())["status"] == "failed"
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_the_script_trains_on_two_nodes(
+    tiny_model_path: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    run = _prepare(capsys, tmp_path, "--set", "distributed.num_machines=2", "--set", "grpo.max_steps=2",
+                   "--set", f"distributed.main_process_port={_free_port()}")  # fmt: skip
+    stubs = tmp_path / "bin"
+    _stub(stubs, "srun", SRUN)
+    _stub(stubs, "scontrol", SCONTROL)
+    env = {**os.environ, "PATH": f"{stubs}:{os.environ['PATH']}", "SLURM_JOB_NODELIST": "node-[a-b]",
+           "OMP_NUM_THREADS": "1"}  # fmt: skip
+    done = subprocess.run(["bash", str(run.path / "job.sbatch")], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    records = read_records(run.metrics)
+    start = records[0]
+    assert start["event"] == "start" and sorted(r["rank"] for r in start["ranks"]) == [0, 1]
+    assert [r["step"] for r in step_records(records)] == [1, 2]
+    assert main(["runs", "--runs-dir", str(tmp_path / "runs")]) == 0
+    assert f"{run.name}  finished" in capsys.readouterr().out
