@@ -19,6 +19,7 @@ PASSTHROUGH: dict[tuple[str, ...], tuple[str, str]] = {
     ("max-batch",): ("grpo_tui.bench_memory", "max_batch_main"),
     ("check",): ("grpo_tui.check", "main"),
     ("screenshots",): ("grpo_tui.screenshots", "main"),
+    ("slurm",): ("grpo_tui.slurm", "main"),
 }
 EXIT_USAGE = 2  # bad input (argparse uses 2 as well)
 
@@ -95,18 +96,6 @@ def build_parser() -> argparse.ArgumentParser:
     action.add_argument("--stop", action="store_true", help="stop at the next step boundary")
     control.add_argument("--force", action="store_true", help="with --stop: kill the process group now")
     control.set_defaults(handler=_cmd_control)
-
-    slurm = sub.add_parser("slurm", help="prepare a run folder and an sbatch script for a multi-node SLURM job")
-    slurm.add_argument("preset", help="preset name or path to a .toml file")
-    _add_set(slurm)
-    slurm.add_argument("--runs-dir", type=Path, help="parent folder of run folders, on a filesystem every node sees")
-    slurm.add_argument("--partition", help="#SBATCH --partition")
-    slurm.add_argument("--time", help="#SBATCH --time, e.g. 04:00:00")
-    slurm.add_argument("--account", help="#SBATCH --account")
-    slurm.add_argument("--sbatch", action="append", default=[], metavar="OPTION=VALUE",
-                       help="any other #SBATCH option, e.g. --sbatch cpus-per-task=16; repeatable")
-    slurm.add_argument("--submit", action="store_true", help="run sbatch on the script and record the job id")
-    slurm.set_defaults(handler=_cmd_slurm)
 
     sup = sub.add_parser("supervise")  # internal: the detached supervisor (not in the command list)
     sup.add_argument("run_dir", type=Path)
@@ -352,59 +341,6 @@ def _cmd_control(args: argparse.Namespace) -> int:
         return 0
     control = run.request(loss_impl=args.loss_impl)
     print(f"{run.name}: loss.impl -> {args.loss_impl} requested (request {control['request_id']}); applies at the next step")
-    return 0
-
-
-def _cmd_slurm(args: argparse.Namespace) -> int:
-    import os
-    import re
-    import shutil
-    import subprocess
-
-    from grpo_tui.checks import check_preset
-    from grpo_tui.launch import slurm_script
-    from grpo_tui.preset_store import PresetError, load_preset
-    from grpo_tui.runlist import SUBMITTED
-    from grpo_tui.train import load_run_preset  # the preset as the ranks will read it (absolute paths)
-    from grpo_tui import runner
-
-    options: dict[str, str] = {}
-    for item in args.sbatch:
-        key, sep, value = item.partition("=")
-        key = key.strip().lstrip("-")
-        if not sep or not key or not value or not re.fullmatch(r"[A-Za-z][A-Za-z0-9-]*", key):
-            raise PresetError([f"--sbatch: got {item!r}; expected OPTION=VALUE, e.g. cpus-per-task=16"])
-        options[key] = value
-    options.update({k: v for k, v in (("partition", args.partition), ("time", args.time),
-                                      ("account", args.account)) if v})  # fmt: skip
-    preset, _ = load_preset(args.preset, args.overrides)
-    # The login node's GPUs say nothing about the compute nodes', and the main address is the job's first
-    # node: neither is checked here.
-    result = check_preset(preset, environment=False)
-    errors = [e for e in result.errors if not e.startswith("distributed.main_process_ip:")]
-    for note in result.notes:
-        print(f"note: {note}", file=sys.stderr)
-    if errors:
-        raise PresetError(errors)
-    if args.submit and shutil.which("sbatch") is None:
-        print("grpo-tui slurm: --submit needs sbatch on PATH (run this on the cluster's login node)", file=sys.stderr)
-        return 1
-    run = runner.prepare_run(preset, [], args.runs_dir, check=False)
-    script = run.path / "job.sbatch"
-    script.write_text(slurm_script(load_run_preset(run), run.path, Path(os.getcwd()), options), encoding="utf-8")
-    run.update_status(status=SUBMITTED, launcher="slurm", script=str(script))
-    if not args.submit:
-        print(f"{run.path}\nsubmit with: sbatch {script}")
-        return 0
-    done = subprocess.run(["sbatch", str(script)], capture_output=True, text=True)
-    job = re.search(r"Submitted batch job (\d+)", done.stdout)
-    if done.returncode != 0 or job is None:
-        reason = (done.stderr.strip() or done.stdout.strip() or f"exit {done.returncode}").splitlines()[-1]
-        run.update_status(status="failed", reason=f"sbatch: {reason}")
-        print(f"grpo-tui slurm: sbatch refused the job: {reason}", file=sys.stderr)
-        return 1
-    run.update_status(slurm_job=int(job.group(1)))
-    print(f"{run.path}\nsubmitted as SLURM job {job.group(1)}")
     return 0
 
 

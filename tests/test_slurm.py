@@ -1,4 +1,4 @@
-"""`grpo-tui slurm`: the sbatch script for a multi-node run, checked as text and run as two "nodes" here.
+"""Multi-node launches: the `grpo-tui slurm` script (as text, and run as two "nodes" here) and per-node commands.
 
 SLURM is not installed on these machines: `srun`, `scontrol` and `sbatch` are small stand-ins on PATH
 that behave as a 2-node allocation of this one machine would (one task per node, SLURM_NODEID set).
@@ -134,3 +134,23 @@ def test_the_script_trains_on_two_nodes(
     assert [r["step"] for r in step_records(records)] == [1, 2]
     assert main(["runs", "--runs-dir", str(tmp_path / "runs")]) == 0
     assert f"{run.name}  finished" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_per_node_commands_train_as_two_machines(tiny_model_path: Path, tmp_path: Path) -> None:
+    # Without SLURM: command.json's per-node commands, started by hand on each machine (here both on this one)
+    from grpo_tui import runner
+    from grpo_tui.preset_store import load_preset
+
+    preset, _ = load_preset("tiny-cpu", ["distributed.num_machines=2", "distributed.main_process_ip=127.0.0.1",
+                                         f"distributed.main_process_port={_free_port()}", "grpo.max_steps=2"])  # fmt: skip
+    run = runner.prepare_run(preset, [], tmp_path / "runs")
+    command = json.loads(run.command.read_text())
+    env = {**os.environ, **command["env"], "OMP_NUM_THREADS": "1"}
+    nodes = [subprocess.Popen(argv, env=env, cwd=command["cwd"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                              text=True) for argv in command["per_node"]]  # fmt: skip
+    errors = [node.communicate(timeout=300)[1] for node in nodes]
+    assert [node.returncode for node in nodes] == [0, 0], errors[0][-2000:] + errors[1][-2000:]
+    records = read_records(run.metrics)
+    assert sorted(r["rank"] for r in records[0]["ranks"]) == [0, 1]
+    assert [r["step"] for r in step_records(records)] == [1, 2]
