@@ -7,7 +7,9 @@ A setting is `none` or `+`-joined `gen=N` / `score=N`. Each one runs in a fresh 
 preset's trainer (real model, real data, the trainer's own phase tracking), then runs TRL's
 generate-and-score once on `--rollout` completions (rollout / num_generations prompts, each repeated)
 and records the per-phase peaks (CUDA allocator on a GPU; the RSS high-water mark on a Linux CPU), the
-memory held just before the rollout and the wall time. The rollout is what `generation_sub_batch` and
+memory held just before the rollout and the wall time. On the CPU, glibc is told to give freed blocks
+of 128 KiB and more straight back to the OS (MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_) and
+trims before the rollout, so RSS follows the tensors alive rather than what malloc keeps cached. The rollout is what `generation_sub_batch` and
 `scoring_sub_batch` act on; the loss phase is unchanged by them, so it is not run here.
 """
 
@@ -53,9 +55,16 @@ def child(preset_name: str, rollout: int, overrides: list[str]) -> dict[str, Any
                                           "grpo.gradient_accumulation_steps=1"])  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
         trainer = build_trainer(preset, RunDir(Path(tmp)))
+        trainer.model.train()  # as in the training loop: TRL scores in per_device_batch_size slices, not eval's
         g = preset.grpo.num_generations
         rows = [trainer.train_dataset[i] for i in range(rollout // g) for _ in range(g)]
         cuda = trainer.phases.cuda
+        if not cuda:
+            import ctypes
+            import gc
+
+            gc.collect()
+            ctypes.CDLL("libc.so.6").malloc_trim(0)
         before = torch.cuda.memory_allocated() / MIB if cuda else _rss_mib()
         trainer.phases.take_step()
         start = time.perf_counter()
@@ -92,7 +101,8 @@ def main(argv: list[str] | None = None) -> int:
     for setting in settings:
         cmd = [sys.executable, __file__, args.preset, "--rollout", str(args.rollout), "--child", setting,
                *(f"--set={s}" for s in args.sets)]  # fmt: skip
-        proc = subprocess.run(cmd, capture_output=True, text=True)
+        env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(128 * 1024), "MALLOC_TRIM_THRESHOLD_": "0"}
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
         line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
         if proc.returncode or line is None:
             print(f"{setting}: failed (exit {proc.returncode}): {proc.stderr.strip().splitlines()[-1:]}", file=sys.stderr)

@@ -154,3 +154,19 @@ def test_per_node_commands_train_as_two_machines(tiny_model_path: Path, tmp_path
     records = read_records(run.metrics)
     assert sorted(r["rank"] for r in records[0]["ranks"]) == [0, 1]
     assert [r["step"] for r in step_records(records)] == [1, 2]
+
+
+def test_app_follows_a_submitted_run_through_its_stream(tmp_path: Path) -> None:
+    from grpo_tui.metrics import MetricsWriter
+    from grpo_tui.runlist import run_info
+
+    run = RunDir.create(tmp_path, "tiny-cpu")
+    run.update_status(status="submitted", launcher="slurm", created=1.0)
+    assert run_info(run.path).status == "submitted"  # queued: nothing in the stream yet
+    writer = MetricsWriter(run.metrics)
+    # ranks on other hosts: their pids mean nothing here, the stream alone tells
+    writer.event("start", ranks=[{"rank": 0, "pid": 999_999_999}])
+    assert run_info(run.path).status == "running"
+    writer.event("error", message="boom")
+    writer.close()
+    assert run_info(run.path).status == "failed"

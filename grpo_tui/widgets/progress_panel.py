@@ -11,7 +11,7 @@ from textual.widgets import Static
 from grpo_tui.widgets.bars import bar
 
 STATE_STYLES = {"running": "bold green", "starting": "bold cyan", "finished": "bold blue",
-                "failed": "bold red", "stopped": "bold yellow"}
+                "failed": "bold red", "stopped": "bold yellow", "submitted": "cyan"}
 
 
 @dataclass(frozen=True)
