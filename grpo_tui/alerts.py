@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from grpo_tui.monitor import MonitorSnapshot
+from grpo_tui.progress import oom_message
 from grpo_tui.runstate import PEAK_MIB, RunState
 
 # frac_reward_zero_std at or above this counts as "no learning signal" for a step.
@@ -211,8 +212,7 @@ def _failed(state: RunState) -> list[Alert]:
     out = []
     for event in state.events_of("error", "oom"):
         if event.kind == "oom":
-            phase = event.data.get("phase", "?")
-            text = f"out of memory in the {phase} phase — try chunked, LoRA, a smaller batch or more gradient accumulation"
+            text = oom_message(event.data.get("phase"), event.step)
         else:
             text = f"run failed: {event.data.get('message') or event.data.get('error') or 'see stdout.log'}"
         out.append(Alert(RUN_FAILED, "error", event.step or 0, text))

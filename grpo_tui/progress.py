@@ -113,10 +113,18 @@ class ProgressPrinter:
         )
 
 
+# The rollout's own knobs, for the phases they bound (the loss and optimizer phases hold one micro-batch).
+OOM_PHASE_ADVICE = {
+    "generation": "set grpo.generation_sub_batch (generate fewer completions at a time), or ",
+    "scoring": "set grpo.scoring_sub_batch (score fewer sequences per forward), or ",
+}
+
+
 def oom_message(phase: str | None, step: int | None) -> str:
     """The one line for running out of memory: where, and what to try (the trainer's event says the same)."""
     where = f"the {phase} phase" if phase else "an unknown phase"
-    return f"out of memory in {where} at step {'?' if step is None else step}: {OOM_ADVICE}"
+    advice = OOM_PHASE_ADVICE.get(phase or "", "") + OOM_ADVICE
+    return f"out of memory in {where} at step {'?' if step is None else step}: {advice}"
 
 
 def failure_reason(metrics_path: Path, stdout_path: Path, exit_code: int | None = None) -> str:

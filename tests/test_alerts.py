@@ -114,7 +114,11 @@ def test_failure_events_are_alerts() -> None:
     state.apply([{"event": "oom", "step": 11, "phase": "loss", "time": 1011.0}])
     alerts = detect_alerts(state, now=1012.0)
     assert [(a.kind, a.severity, a.step) for a in alerts] == [(A.RUN_FAILED, "error", 11)]
-    assert "loss phase" in alerts[0].message
+    assert "loss phase" in alerts[0].message and "sub_batch" not in alerts[0].message
+    # the rollout's phases name the option that bounds them
+    state.apply([{"event": "oom", "step": 12, "phase": "scoring", "time": 1013.0}])
+    scoring = [a for a in detect_alerts(state, now=1014.0) if a.step == 12]
+    assert "out of memory in the scoring phase at step 12: set grpo.scoring_sub_batch" in scoring[0].message
 
 
 def test_alert_log_raises_each_episode_once_while_it_persists() -> None:

@@ -143,7 +143,8 @@ def test_sigint_twice_kills_the_process_group(tmp_path: Path) -> None:
     ("mode", "expected"),
     [
         ("error", "run failed: RuntimeError: reward function raised at step 2"),
-        ("oom", "run failed: out of memory in the generation phase at step 2: try a smaller grpo.per_device_batch_size"),
+        ("oom", "run failed: out of memory in the generation phase at step 2: set grpo.generation_sub_batch "
+                "(generate fewer completions at a time), or try a smaller grpo.per_device_batch_size"),
         ("crash", "run failed: ValueError: fake trainer blew up at step 2"),
         ("selfkill", "run failed: the trainer was killed by SIGKILL (the system may have run out of host memory)"),
     ],
