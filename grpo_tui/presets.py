@@ -92,13 +92,13 @@ class GrpoSection(_Section):
     max_grad_norm: Annotated[float, Field(gt=0.0)] = 1.0
     generation_sub_batch: PositiveInt | None = Field(
         None,
-        description="Completions generated at a time per device (default: the whole rollout at once). Bounds the "
-        "KV cache, often the step's peak; generation gets slower, the samples keep their distribution",
+        description="Completions generated at a time per device (default: all at once). Bounds the KV cache, "
+        "often the step's peak; generation gets slower",
     )
     scoring_sub_batch: PositiveInt | None = Field(
         None,
-        description="Sequences per forward when scoring old/reference log-probs (default: per_device_batch_size). "
-        "Bounds the no-grad activations of scoring; costs little time",
+        description="Sequences per scoring forward (default: per_device_batch_size); bounds scoring's peak at "
+        "little cost",
     )
 
 
