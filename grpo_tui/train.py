@@ -349,7 +349,11 @@ def _shutdown_distributed(state: Any, healthy: bool, hard_exit: bool = False, co
     if hard_exit:
         # Everything is written (metrics closed, checkpoints saved). Tearing down gloo's process group or
         # the interpreter still aborted now and then on CPU ("terminate called without an active
-        # exception", seen in CI after a finished run), so the process leaves without either.
+        # exception", seen in CI after a finished run), so the process leaves without either. The Python
+        # exit hooks still run first: report_to loggers (wandb, trackio) finish and upload there.
+        import atexit
+
+        atexit._run_exitfuncs()
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)

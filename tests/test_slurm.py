@@ -115,17 +115,38 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+# A reward module whose import registers a Python exit hook: report_to loggers (wandb, trackio) finish
+# in such hooks, so a rank must run them even though it skips the interpreter's teardown.
+EXIT_PROBE = """
+import atexit, os
+
+def _mark():
+    if os.environ.get("EXIT_PROBE_DIR"):  # unset in the test process, which imports it to check the preset
+        with open(os.path.join(os.environ["EXIT_PROBE_DIR"], f"exit-{os.getpid()}"), "w") as handle:
+            handle.write("ran")
+
+atexit.register(_mark)
+
+def reward(completions, **kwargs):
+    return [0.0] * len(completions)
+"""
+
+
 @pytest.mark.slow
 def test_the_script_trains_on_two_nodes(
-    tiny_model_path: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path
+    tiny_model_path: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    (tmp_path / "exit_probe.py").write_text(EXIT_PROBE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    rewards = '[{name = "addition_partial"}, {name = "exit_probe:reward", weight = 0.0}]'
     run = _prepare(capsys, tmp_path, "--set", "distributed.num_machines=2", "--set", "grpo.max_steps=2",
-                   "--set", f"distributed.main_process_port={_free_port()}")  # fmt: skip
+                   "--set", f"distributed.main_process_port={_free_port()}", "--set", f"rewards.functions={rewards}")  # fmt: skip
     stubs = tmp_path / "bin"
     _stub(stubs, "srun", SRUN)
     _stub(stubs, "scontrol", SCONTROL)
     env = {**os.environ, "PATH": f"{stubs}:{os.environ['PATH']}", "SLURM_JOB_NODELIST": "node-[a-b]",
-           "OMP_NUM_THREADS": "1"}  # fmt: skip
+           "OMP_NUM_THREADS": "1", "EXIT_PROBE_DIR": str(tmp_path),
+           "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}  # fmt: skip
     done = subprocess.run(["bash", str(run.path / "job.sbatch")], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     records = read_records(run.metrics)
@@ -134,6 +155,7 @@ def test_the_script_trains_on_two_nodes(
     assert [r["step"] for r in step_records(records)] == [1, 2]
     assert main(["runs", "--runs-dir", str(tmp_path / "runs")]) == 0
     assert f"{run.name}  finished" in capsys.readouterr().out
+    assert len(list(tmp_path.glob("exit-*"))) == 2  # each rank ran its exit hooks
 
 
 @pytest.mark.slow
