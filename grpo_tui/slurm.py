@@ -87,10 +87,13 @@ def sbatch_options(args: argparse.Namespace) -> dict[str, str]:
     for item in args.sbatch:
         key, sep, value = item.partition("=")
         key = key.strip().lstrip("-")
-        if not sep or not value or not _OPTION.fullmatch(key):
+        if not sep or not value or not _OPTION.fullmatch(key) or not value.isprintable():
             raise PresetError([f"--sbatch: got {item!r}; expected OPTION=VALUE, e.g. cpus-per-task=16"])
         options[key] = value
     named = (("partition", args.partition), ("time", args.time), ("account", args.account))
+    for key, value in named:
+        if value is not None and (not value or not value.isprintable()):
+            raise PresetError([f"--{key}: got {value!r}; expected one line of text"])
     options.update({key: value for key, value in named if value})
     return options
 

@@ -72,6 +72,8 @@ def test_script_asks_for_the_nodes_and_starts_each_rank_with_its_node_id(
     [
         (["--sbatch", "cpus per task=4"], "--sbatch: got 'cpus per task=4'; expected OPTION=VALUE"),
         (["--sbatch", "nodes"], "--sbatch: got 'nodes'; expected OPTION=VALUE"),
+        (["--sbatch", "comment=a\nb"], "--sbatch: got 'comment=a\\nb'; expected OPTION=VALUE"),
+        (["--time", "1:00\n#SBATCH --x=y"], "--time: got '1:00\\n#SBATCH --x=y'; expected one line of text"),
         (["--set", "grpo.num_generations=7"], "grpo.num_generations: got 7; must divide the generation batch"),
     ],
 )
