@@ -86,11 +86,21 @@ def _full(param: torch.Tensor) -> torch.Tensor:
     return param.full_tensor(grad_placements=[Partial("avg")] * param.device_mesh.ndim)
 
 
-def naive_logps_and_entropies(logits: torch.Tensor, ids: torch.Tensor, temperature: float):
-    """Log-probs of `ids` and entropies from materialised logits [B, T, V] (computed in fp32)."""
+def naive_logps_and_entropies(
+    logits: torch.Tensor, ids: torch.Tensor, temperature: float, entropy: bool = True, entropy_grad: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs of `ids` and (if `entropy`) entropies from materialised logits [B, T, V], in fp32.
+
+    The entropy is a logged metric unless an entropy bonus trains on it (`entropy_grad`): outside
+    autograd its [B, T, V] intermediates are freed at once instead of being kept for a backward that
+    never comes, as TRL computes it.
+    """
     logps_all = torch.log_softmax(logits.float() / temperature, dim=-1)  # [B, T, V]
     logps = logps_all.gather(-1, ids.unsqueeze(-1)).squeeze(-1)
-    entropies = -(logps_all.exp() * logps_all).sum(-1)
+    if not entropy:
+        return logps, None
+    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+        entropies = -(logps_all.exp() * logps_all).sum(-1)
     return logps, entropies
 
 
@@ -212,9 +222,11 @@ class GrpoTuiTrainer(GRPOTrainer):
             with self.accelerator.autocast():
                 if self.loss_impl == "naive":
                     logits = model(input_ids=ids, attention_mask=mask, logits_to_keep=logits_to_keep + 1).logits
-                    logps, entropies = naive_logps_and_entropies(logits[:, :-1], targets, self.temperature)
+                    logps, entropies = naive_logps_and_entropies(
+                        logits[:, :-1], targets, self.temperature, compute_entropy, self._entropy_bonus_enabled
+                    )
                 else:
-                    logps, entropies = self._chunked_logps(model, ids, mask, logits_to_keep, targets)
+                    logps, entropies = self._chunked_logps(model, ids, mask, logits_to_keep, targets, compute_entropy)
             all_logps.append(logps)
             all_entropies.append(entropies)
         entropies = torch.cat(all_entropies) if compute_entropy else None
@@ -224,16 +236,17 @@ class GrpoTuiTrainer(GRPOTrainer):
         hidden = model(input_ids=input_ids, attention_mask=attention_mask, return_last_hidden=True)
         return hidden[:, -logits_to_keep - 1 : -1]  # [B, T, H]: the positions that predict the completion
 
-    def _chunked_logps(self, model, input_ids, attention_mask, logits_to_keep, targets):
+    def _chunked_logps(self, model, input_ids, attention_mask, logits_to_keep, targets, entropy: bool = True):
         from grpo_kernels import selective_logprobs
 
         hidden = self._hidden_states(model, input_ids, attention_mask, logits_to_keep)
         weight, bias = full_head_params(lm_head_of(self.accelerator.unwrap_model(model)))
         with torch.no_grad():
-            return selective_logprobs(
-                hidden, weight, targets, bias=bias, temperature=self.temperature, return_entropy=True,
+            out = selective_logprobs(
+                hidden, weight, targets, bias=bias, temperature=self.temperature, return_entropy=entropy,
                 chunk_tokens=self.chunk_tokens,
             )  # fmt: skip
+        return out if entropy else (out, None)
 
     # ---- the loss --------------------------------------------------------------------------------
     def _compute_loss(self, model: torch.nn.Module, inputs: dict[str, Any]) -> torch.Tensor:

@@ -287,3 +287,25 @@ def test_scoring_sub_batch_slices_only_the_no_grad_forwards_and_keeps_the_loss(t
     for a, b in zip(history["whole"], history["sliced"], strict=True):
         for key in ("loss", "kl", "grad_norm", "reward"):
             assert a[key] == pytest.approx(b[key], rel=REL, abs=ABS), key
+
+
+def test_naive_entropy_is_a_metric_kept_out_of_the_loss_graph() -> None:
+    import torch
+
+    from grpo_tui.trainer import naive_logps_and_entropies
+
+    logits = torch.randn(2, 3, 50, dtype=torch.float64, requires_grad=True)
+    ids = torch.randint(0, 50, (2, 3))
+    saved: dict[bool, int] = {}
+    results = {}
+    for grad in (False, True):
+        sizes: list[int] = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: sizes.append(t.numel()) or t, lambda t: t):
+            results[grad] = naive_logps_and_entropies(logits, ids, 0.7, entropy_grad=grad)
+        saved[grad] = sum(sizes)
+    (logps, ent), (logps_g, ent_g) = results[False], results[True]
+    assert logps.requires_grad and not ent.requires_grad and ent_g.requires_grad  # only an entropy bonus trains it
+    assert saved[True] >= saved[False] + 2 * logits.numel()  # its [B, T, V] intermediates are not kept otherwise
+    torch.testing.assert_close(ent, ent_g.detach())
+    torch.testing.assert_close(logps, logps_g)
+    assert naive_logps_and_entropies(logits, ids, 0.7, entropy=False)[1] is None
