@@ -53,7 +53,9 @@ def slurm_script(preset: Preset, run_dir: Path, workdir: Path, sbatch: dict[str,
     lines += ["set -euo pipefail", f"cd {shlex.quote(str(workdir))}"]
     lines += [f"export {key}={shlex.quote(value)}" for key, value in launch_env(preset).items()]
     lines += [
-        'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+        # sed reads the whole list: `head -n 1` would leave scontrol to die of SIGPIPE on a long one,
+        # failing the job under pipefail
+        'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)',
         "export MASTER_ADDR",
         # $SLURM_NODEID is expanded by each node's own shell, not here
         f"NODE_COMMAND={shlex.quote(node_command)}",

@@ -26,7 +26,8 @@ pids=()
 for node in 0 1; do SLURM_NODEID=$node SLURM_PROCID=$node bash -c "$cmd" & pids+=($!); done
 rc=0; for p in "${pids[@]}"; do wait "$p" || rc=$?; done; exit $rc
 """
-SCONTROL = "#!/bin/bash\nprintf '127.0.0.1\\nnode-b\\n'\n"
+# A long node list: a reader that stops after the first line would kill scontrol with SIGPIPE
+SCONTROL = "#!/bin/bash\necho 127.0.0.1\nfor i in $(seq 2 20000); do echo node-$i; done\n"
 SBATCH_OK = '#!/bin/bash\necho "$@" > "$(dirname "$0")/sbatch-args"\necho "Submitted batch job 4242"\n'
 SBATCH_REFUSES = '#!/bin/bash\necho "sbatch: error: invalid partition specified: nope" >&2\nexit 1\n'
 
