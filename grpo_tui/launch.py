@@ -141,4 +141,3 @@ def format_command(argv: list[str], env: dict[str, str] | None = None) -> str:
     """A copy-pasteable shell rendering of argv (display only; never executed through a shell)."""
     prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in (env or {}).items() if k != "PYTHONUNBUFFERED")
     return (prefix + " " if prefix else "") + shlex.join(argv)
-

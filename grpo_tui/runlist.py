@@ -78,7 +78,8 @@ def pid_alive(pid: Any, identity: float | None = None, started: float | None = N
     return started is None or created <= started + PID_REUSE_SLACK_S
 
 
-def _tail_records(path: Path, nbytes: int = SCAN_TAIL_BYTES) -> list[dict[str, Any]]:
+def tail_records(path: Path, nbytes: int = SCAN_TAIL_BYTES) -> list[dict[str, Any]]:
+    """The complete records in the last `nbytes` of a metrics file (a long run's file can be large)."""
     try:
         with open(path, "rb") as handle:
             size = handle.seek(0, os.SEEK_END)
@@ -117,14 +118,14 @@ def run_info(run_path: Path) -> RunInfo:
     last events (finished / stopped / failed), else "lost" (crashed or killed without a last record).
     """
     meta = read_json(run_path / "run.json") or {}
-    tail = _tail_records(run_path / "metrics.jsonl")
+    tail = tail_records(run_path / "metrics.jsonl")
     steps = [r for r in tail if is_step(r)]
     last = steps[-1] if steps else {}
     started = as_float(meta.get("started"))
     pid = as_int(meta.get("pid"))
     state = str(meta.get("status") or meta.get("state") or "")
     if state == SUBMITTED:
-        status = submitted_status([(str(r["event"]), r) for r in tail if "event" in r])
+        status = submitted_status(tail)
     elif state in LIVE_STATES or not state:
         alive = (pid_alive(meta.get("pid"), as_float(meta.get("pid_started")), started)
                  or pid_alive(meta.get("child_pid"), as_float(meta.get("child_started")), started)
@@ -147,12 +148,13 @@ def run_info(run_path: Path) -> RunInfo:
                    loss_impl=str(last.get("loss_impl", "")), pid=pid)
 
 
-def submitted_status(events: list[tuple[str, dict[str, Any]]]) -> str:
+def submitted_status(tail: list[dict[str, Any]]) -> str:
     """A run handed to a batch system (`grpo-tui slurm`): its ranks run on other hosts, so no local
-    process tells whether it lives; "submitted" until its stream starts, then what the stream says."""
-    if not any(kind == "start" for kind, _ in events):
+    process tells whether it lives. "submitted" while its stream is empty (the trainer's first record
+    is its start event), then what the stream's last records (`tail_records`) say."""
+    if not tail:
         return SUBMITTED
-    return stream_status(events)
+    return stream_status([(str(r["event"]), r) for r in tail if "event" in r])
 
 
 def stream_status(events: list[tuple[str, dict[str, Any]]]) -> str:

@@ -26,7 +26,7 @@ from grpo_tui.overrides import apply_overrides
 from grpo_tui.preset_store import PresetError, dump_preset
 from grpo_tui.presets import Preset
 from grpo_tui.progress import ProgressPrinter, failure_reason
-from grpo_tui.runlist import SUBMITTED, pid_alive, submitted_status
+from grpo_tui.runlist import SUBMITTED, pid_alive, submitted_status, tail_records
 from grpo_tui.rundir import RunDir, read_json
 from grpo_tui.train import load_run_preset  # the trainer's own reader: one way to read config.toml
 
@@ -304,10 +304,7 @@ def effective_status(run: RunDir) -> dict[str, Any]:
     """run.json, with an active status whose supervisor is gone shown as failed (reason says why)."""
     status = run.read_status()
     if status.get("status") == SUBMITTED:
-        from grpo_tui.metrics import read_records
-
-        events = [(str(r["event"]), r) for r in read_records(run.metrics) if "event" in r]
-        return {**status, "status": submitted_status(events)}
+        return {**status, "status": submitted_status(tail_records(run.metrics))}
     if status.get("status") in ACTIVE_STATES and "pid" in status:
         if not _same_process(status.get("pid"), status.get("pid_started")):
             status = {**status, "status": "failed", "reason": "the supervisor process is gone (killed or crashed)"}

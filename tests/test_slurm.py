@@ -184,6 +184,7 @@ def test_per_node_commands_train_as_two_machines(tiny_model_path: Path, tmp_path
 def test_app_follows_a_submitted_run_through_its_stream(tmp_path: Path) -> None:
     from grpo_tui.metrics import MetricsWriter
     from grpo_tui.runlist import run_info
+    from grpo_tui.runner import effective_status
 
     run = RunDir.create(tmp_path, "tiny-cpu")
     run.update_status(status="submitted", launcher="slurm", created=1.0)
@@ -192,6 +193,12 @@ def test_app_follows_a_submitted_run_through_its_stream(tmp_path: Path) -> None:
     # ranks on other hosts: their pids mean nothing here, the stream alone tells
     writer.event("start", ranks=[{"rank": 0, "pid": 999_999_999}])
     assert run_info(run.path).status == "running"
+    # a long run: its start event is far behind the tail that the lists read
+    for step in range(1, 400):
+        writer.write({"step": step, "time": float(step), "reward": 0.5, "note": "x" * 400})
+    assert run_info(run.path).status == "running"
+    assert effective_status(run)["status"] == "running"
     writer.event("error", message="boom")
     writer.close()
     assert run_info(run.path).status == "failed"
+    assert effective_status(run)["status"] == "failed"
