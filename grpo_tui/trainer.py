@@ -181,15 +181,15 @@ class GrpoTuiTrainer(GRPOTrainer):
         if (size is None or len(prompt_ids) <= size or self.use_vllm or self.use_transformers_continuous_batching
                 or multimodal_fields):  # fmt: skip
             return super()._generate_single_turn(prompt_ids, images, multimodal_fields, num_generations, has_tool_images)
-        completion_ids: list = []
-        logprobs: list | None = []
-        for start in range(0, len(prompt_ids), size):
-            part_images = images[start : start + size] if images is not None else None
-            ids, part_logprobs = super()._generate_single_turn(
-                prompt_ids[start : start + size], part_images, multimodal_fields, num_generations, has_tool_images
+        parts = [
+            super(GrpoTuiTrainer, self)._generate_single_turn(
+                prompt_ids[start : start + size], None if images is None else images[start : start + size],
+                multimodal_fields, num_generations, has_tool_images,
             )
-            completion_ids.extend(ids)
-            logprobs = None if part_logprobs is None or logprobs is None else logprobs + list(part_logprobs)
+            for start in range(0, len(prompt_ids), size)
+        ]  # fmt: skip
+        completion_ids = [ids for part_ids, _ in parts for ids in part_ids]
+        logprobs = None if any(lp is None for _, lp in parts) else [x for _, lp in parts for x in lp]
         return completion_ids, logprobs
 
     def _generate_and_score_completions(self, inputs: Any) -> Any:

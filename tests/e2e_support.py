@@ -1,8 +1,9 @@
-"""Shared by the end-to-end tests: Ctrl-C a training subprocess once it has logged a few steps."""
+"""Shared by the end-to-end tests: Ctrl-C a training subprocess once it has logged a few steps; a free port."""
 
 from __future__ import annotations
 
 import signal
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -34,3 +35,10 @@ def interrupt_after_steps(
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def free_port() -> int:
+    """A TCP port free right now: not accelerate's default 29500, which another test or job may hold."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]

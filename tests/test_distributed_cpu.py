@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from e2e_support import free_port
 from test_trainer import REL, ABS, make_run
 from tiny_cache import tiny_model_path  # noqa: F401 - session fixture
 
@@ -23,17 +23,10 @@ from grpo_tui.rundir import write_json_atomic
 pytestmark = pytest.mark.slow
 
 
-def _free_port() -> int:
-    # Not accelerate's default 29500: another 2-process test (or user job) may hold it right now
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _accelerate_cpu(run_dir: Path) -> subprocess.CompletedProcess:
     argv = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
             "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-            "--main_process_port", str(_free_port()),
+            "--main_process_port", str(free_port()),
             "-m", "grpo_tui.train", "--run-dir", str(run_dir)]  # fmt: skip
     # PYTHONFAULTHANDLER: should a rank abort again, its Python stacks land in the failure message
     env = {**os.environ, "ACCELERATE_USE_CPU": "true", "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1"}

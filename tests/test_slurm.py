@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import stat
 import subprocess
 from pathlib import Path
 
 import pytest
+from e2e_support import free_port
 from tiny_cache import tiny_model_path  # noqa: F401 - session fixture
 
 from grpo_tui.cli import main
@@ -112,12 +112,6 @@ def test_submit_records_the_job_id_or_the_refusal(
     assert json.loads((refused / "run.json").read_text())["status"] == "failed"
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 # A reward module whose import registers a Python exit hook: report_to loggers (wandb, trackio) finish
 # in such hooks, so a rank must run them even though it skips the interpreter's teardown.
 EXIT_PROBE = """
@@ -143,7 +137,7 @@ def test_the_script_trains_on_two_nodes(
     monkeypatch.syspath_prepend(str(tmp_path))
     rewards = '[{name = "addition_partial"}, {name = "exit_probe:reward", weight = 0.0}]'
     run = _prepare(capsys, tmp_path, "--set", "distributed.num_machines=2", "--set", "grpo.max_steps=2",
-                   "--set", f"distributed.main_process_port={_free_port()}", "--set", f"rewards.functions={rewards}")  # fmt: skip
+                   "--set", f"distributed.main_process_port={free_port()}", "--set", f"rewards.functions={rewards}")  # fmt: skip
     stubs = tmp_path / "bin"
     _stub(stubs, "srun", SRUN)
     _stub(stubs, "scontrol", SCONTROL)
@@ -168,7 +162,7 @@ def test_per_node_commands_train_as_two_machines(tiny_model_path: Path, tmp_path
     from grpo_tui.preset_store import load_preset
 
     preset, _ = load_preset("tiny-cpu", ["distributed.num_machines=2", "distributed.main_process_ip=127.0.0.1",
-                                         f"distributed.main_process_port={_free_port()}", "grpo.max_steps=2"])  # fmt: skip
+                                         f"distributed.main_process_port={free_port()}", "grpo.max_steps=2"])  # fmt: skip
     run = runner.prepare_run(preset, [], tmp_path / "runs")
     command = json.loads(run.command.read_text())
     env = {**os.environ, **command["env"], "OMP_NUM_THREADS": "1"}
