@@ -9,7 +9,7 @@
    first view while the history loads); the first dashboard view (`DashboardFeed.poll`) when the
    UI is installed. Wall and CPU seconds: on a shared machine wall time includes waiting for a core.
 2. nvml: `Monitor.sample()` cost per GPU (target < 1 ms); without NVML, the cost of the host-only path.
-3. live: the app headless on a run that a separate process (`python -m grpo_tui.demo live`) extends
+3. live: the app headless on a run that a separate process (`python -m grpo_tui.tools.demo live`) extends
    at --live-hz, for --live-seconds: dashboard updates per second, chart redraws per second and the
    UI process's CPU use (target >= 2 Hz at < 10% of one core). Also on top of a --steps-long run.
 """
@@ -33,10 +33,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from grpo_tui import metrics  # noqa: E402
-from grpo_tui.demo import make_run  # noqa: E402
-from grpo_tui.monitor import Monitor  # noqa: E402
-from grpo_tui.runstate import RunState, load_recent, load_run  # noqa: E402
+from grpo_tui.runs import metrics  # noqa: E402
+from grpo_tui.tools.demo import make_run  # noqa: E402
+from grpo_tui.dashboard.monitor import Monitor  # noqa: E402
+from grpo_tui.dashboard.state import RunState, load_recent, load_run  # noqa: E402
 
 
 def _timed(fn: Any, repeats: int) -> tuple[dict[str, float], Any]:
@@ -57,10 +57,10 @@ def bench_load(steps: int, repeats: int, work: Path) -> dict[str, Any]:
     lines = data.split(b"\n")[:-1]
 
     def decode() -> int:  # block by block, as load_run does, keeping nothing (no GC pressure from a huge list)
-        return sum(len(list(metrics._parse_lines(lines[i : i + 2000]))) for i in range(0, len(lines), 2000))
+        return sum(len(list(metrics.parse_lines(lines[i : i + 2000]))) for i in range(0, len(lines), 2000))
 
     parse, _ = _timed(decode, repeats)
-    records = list(metrics._parse_lines(lines))
+    records = list(metrics.parse_lines(lines))
 
     def build() -> RunState:
         state = RunState()
@@ -90,7 +90,7 @@ def bench_load(steps: int, repeats: int, work: Path) -> dict[str, Any]:
 def _first_view(run_path: Path, repeats: int) -> dict[str, Any] | str:
     """Time to the dashboard's first complete view (load + charts + alerts), if the UI is installed."""
     try:
-        from grpo_tui.screens.dashboard_feed import DashboardFeed
+        from grpo_tui.dashboard.feed import DashboardFeed
     except ImportError as exc:
         return f"n/a ({exc})"
     timing, _ = _timed(lambda: DashboardFeed(run_path, Monitor()).poll(), repeats)
@@ -101,12 +101,12 @@ def _feed_poll(run_path: Path, polls: int = 20) -> dict[str, Any] | str:
     """The data side of one live update (tail, apply, alerts, downsampled charts) with one new step
     each time, after the whole history is loaded: the dashboard worker's CPU per update."""
     try:
-        from grpo_tui.screens.dashboard_feed import DashboardFeed
+        from grpo_tui.dashboard.feed import DashboardFeed
     except ImportError as exc:
         return f"n/a ({exc})"
     import random
 
-    from grpo_tui.demo import step_record
+    from grpo_tui.tools.demo import step_record
 
     feed = DashboardFeed(run_path, Monitor())
     for _ in range(10):  # first the recent steps, then the whole history
@@ -146,15 +146,15 @@ def bench_nvml(samples: int) -> dict[str, Any]:
 
 
 def bench_live(seconds: float, hz: float, base_steps: int, work: Path) -> dict[str, Any]:
-    """The app headless on a growing run; needs the Textual app (grpo_tui.app)."""
+    """The app headless on a growing run; needs the Textual app (grpo_tui.dashboard.app)."""
     try:
-        from grpo_tui.app import GrpoTuiApp
-        from grpo_tui.screens.dashboard import DashboardScreen
+        from grpo_tui.dashboard.app import GrpoTuiApp
+        from grpo_tui.dashboard.screens.dashboard import DashboardScreen
     except ImportError as exc:
         return {"result": f"n/a (the app is not importable: {exc})"}
     run = make_run(work / f"live-{base_steps}", steps=base_steps, finished=False, pid=os.getpid(),
                    pid_started=_create_time(), completions=base_steps <= 20_000)
-    writer = subprocess.Popen([sys.executable, "-m", "grpo_tui.demo", "live", str(run.path), "--hz", str(hz)],
+    writer = subprocess.Popen([sys.executable, "-m", "grpo_tui.tools.demo", "live", str(run.path), "--hz", str(hz)],
                               cwd=ROOT, stdout=subprocess.DEVNULL)
     try:
         return asyncio.run(_drive(GrpoTuiApp, DashboardScreen, run.path, seconds, hz, base_steps))

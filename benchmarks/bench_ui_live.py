@@ -2,8 +2,8 @@
 
     python benchmarks/bench_ui_live.py                 # writes benchmarks/results/ui_live.json
 
-1. live: `python -m grpo_tui.app --open RUN` in a 150x48 tmux pane while a separate process
-   (`python -m grpo_tui.demo live`) appends steps at --hz. For --seconds: the app process's CPU
+1. live: `python -m grpo_tui.dashboard.app --open RUN` in a 150x48 tmux pane while a separate process
+   (`python -m grpo_tui.tools.demo live`) appends steps at --hz. For --seconds: the app process's CPU
    (user + system, all threads, from psutil) as % of one core, and how often the step counter on
    screen changes (tmux capture-pane at 20 Hz), i.e. the redraw rate a user sees.
    Target: >= 2 Hz at < 10% of one core.
@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 
 import psutil  # noqa: E402
 
-from grpo_tui.demo import make_run  # noqa: E402
+from grpo_tui.tools.demo import make_run  # noqa: E402
 
 SIZE = (150, 48)
 STEP_RE = re.compile(r"step (\d+)/")
@@ -44,7 +44,7 @@ def tmux(*args: str) -> str:
 
 def start_app(session: str, argv: list[str], cwd: Path) -> psutil.Process:
     """The app in its own tmux pane; returns its process (the pane runs it directly, via exec)."""
-    command = "exec " + shlex.join([sys.executable, "-m", "grpo_tui.app", *argv])
+    command = "exec " + shlex.join([sys.executable, "-m", "grpo_tui.dashboard.app", *argv])
     tmux("new-session", "-d", "-s", session, "-x", str(SIZE[0]), "-y", str(SIZE[1]), "-c", str(cwd), command)
     return psutil.Process(int(tmux("display", "-p", "-t", session, "#{pane_pid}").strip()))
 
@@ -66,7 +66,7 @@ def wait_screen(session: str, pattern: str, timeout: float) -> float | None:
 def bench_live(work: Path, seconds: float, hz: float, base_steps: int) -> dict[str, Any]:
     run = make_run(work / f"live-{base_steps}", steps=base_steps, finished=False, max_steps=100_000,
                    completions=base_steps <= 20_000).path
-    writer = subprocess.Popen([sys.executable, "-m", "grpo_tui.demo", "live", str(run), "--hz", str(hz)],
+    writer = subprocess.Popen([sys.executable, "-m", "grpo_tui.tools.demo", "live", str(run), "--hz", str(hz)],
                               cwd=ROOT, stdout=subprocess.DEVNULL)
     meta = json.loads((run / "run.json").read_text())  # the writer plays the trainer: a live pid
     meta.update(pid=writer.pid, pid_started=psutil.Process(writer.pid).create_time(), child_pid=None)

@@ -28,7 +28,7 @@ E2E_SETS=(--set model.name_or_path=builtin:qwen3-0.6b-shape --set "data.source=$
           --set grpo.gradient_checkpointing=true --set grpo.beta=0.04 --set logging.completions_per_step=0)
 
 # Built once per machine (cached under GRPO_TUI_CACHE_DIR); every trial reloads it from there.
-build_model() { python3 -c "from grpo_tui.shapes import build_shaped_model as b; print(b('qwen3-0.6b-shape'))"; }
+build_model() { python3 -c "from grpo_tui.tasks.shapes import build_shaped_model as b; print(b('qwen3-0.6b-shape'))"; }
 
 for phase in "$@"; do
   echo "=== phase $phase $(date -u +%T)"

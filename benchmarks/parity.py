@@ -9,7 +9,7 @@ import argparse
 import json
 from pathlib import Path
 
-from grpo_tui.metrics import read_records, step_records
+from grpo_tui.runs.metrics import read_records, step_records
 
 WINDOW = 20  # steps in the moving average the curves are compared by (single steps are sampling noise)
 

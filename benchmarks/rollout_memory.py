@@ -46,10 +46,10 @@ def parse_setting(text: str) -> list[str]:
 def child(preset_name: str, rollout: int, overrides: list[str]) -> dict[str, Any]:
     import torch
 
-    from grpo_tui.memory import MIB, _rss_mib
-    from grpo_tui.preset_store import load_preset
-    from grpo_tui.rundir import RunDir
-    from grpo_tui.train import build_trainer
+    from grpo_tui.train.phase_memory import MIB, _rss_mib
+    from grpo_tui.config.store import load_preset
+    from grpo_tui.runs.folder import RunDir
+    from grpo_tui.train.entry import build_trainer
 
     preset, _ = load_preset(preset_name, [*overrides, f"grpo.per_device_batch_size={rollout}",
                                           "grpo.gradient_accumulation_steps=1"])  # fmt: skip

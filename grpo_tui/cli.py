@@ -15,11 +15,11 @@ from typing import Any, Callable
 # Subcommands implemented elsewhere: (argv words) -> (module, function). Each gets the rest of argv.
 PASSTHROUGH: dict[tuple[str, ...], tuple[str, str]] = {
     ("bench", "kernel"): ("grpo_kernels.bench", "main"),
-    ("bench", "memory"): ("grpo_tui.bench_memory", "main"),
-    ("max-batch",): ("grpo_tui.bench_memory", "max_batch_main"),
-    ("check",): ("grpo_tui.check", "main"),
-    ("screenshots",): ("grpo_tui.screenshots", "main"),
-    ("slurm",): ("grpo_tui.slurm", "main"),
+    ("bench", "memory"): ("grpo_tui.tools.bench_memory", "main"),
+    ("max-batch",): ("grpo_tui.tools.bench_memory", "max_batch_main"),
+    ("check",): ("grpo_tui.tools.parity_check", "main"),
+    ("screenshots",): ("grpo_tui.tools.screenshots", "main"),
+    ("slurm",): ("grpo_tui.launch.slurm", "main"),
 }
 EXIT_USAGE = 2  # bad input (argparse uses 2 as well)
 
@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
         print("interrupted", file=sys.stderr)
         return 130
     except Exception as exc:
-        from grpo_tui.preset_store import PresetError  # imported late: it loads pydantic
+        from grpo_tui.config.schema import PresetError  # imported late: it loads pydantic
 
         if not isinstance(exc, PresetError):
             raise
@@ -148,9 +148,9 @@ def _tui_main(run_dir: Path | None = None) -> Callable[[], int] | None:
     if not (sys.stdin.isatty() and sys.stdout.isatty()):
         return None
     try:
-        app = importlib.import_module("grpo_tui.app")
+        app = importlib.import_module("grpo_tui.dashboard.app")
     except ModuleNotFoundError as exc:
-        if exc.name in ("grpo_tui.app", "textual"):
+        if exc.name in ("grpo_tui.dashboard.app", "textual"):
             return None
         raise
     entry = getattr(app, "main", None)
@@ -165,7 +165,7 @@ def _bare() -> int:
     entry = _tui_main()
     if entry is not None:
         return int(entry() or 0)
-    from grpo_tui.preset_store import DEFAULT_PRESET
+    from grpo_tui.config.store import DEFAULT_PRESET
 
     return _start(DEFAULT_PRESET, [], headless=True, detach=False, runs_dir=None)
 
@@ -175,9 +175,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _start(preset_arg: str, overrides: list[str], headless: bool, detach: bool, runs_dir: Path | None) -> int:
-    from grpo_tui.checks import check_preset
-    from grpo_tui.preset_store import PresetError, load_preset
-    from grpo_tui import runner
+    from grpo_tui.config.checks import check_preset
+    from grpo_tui.config.schema import PresetError
+    from grpo_tui.config.store import load_preset
+    from grpo_tui.launch import supervisor
 
     preset, _ = load_preset(preset_arg, overrides)
     result = check_preset(preset)
@@ -185,20 +186,20 @@ def _start(preset_arg: str, overrides: list[str], headless: bool, detach: bool, 
         print(f"note: {note}", file=sys.stderr)
     if result.errors:
         raise PresetError(result.errors)
-    run = runner.prepare_run(preset, [], runs_dir, check=False)
+    run = supervisor.prepare_run(preset, [], runs_dir, check=False)
     if detach:
-        pid = runner.spawn_detached(run.path)
+        pid = supervisor.spawn_detached(run.path)
         print(f"{run.path} (supervisor pid {pid})")
         return 0
     entry = None if headless else _tui_main(run.path)
     if entry is not None:
-        runner.spawn_detached(run.path)
+        supervisor.spawn_detached(run.path)
         return int(entry() or 0)
-    return runner.run_foreground(run.path, headless=True)
+    return supervisor.run_foreground(run.path, headless=True)
 
 
 def _cmd_presets_list(args: argparse.Namespace) -> int:
-    from grpo_tui.preset_store import BUILTIN_DIR, list_presets, user_presets_dir
+    from grpo_tui.config.store import BUILTIN_DIR, list_presets, user_presets_dir
 
     entries = list_presets()
     width = max([len(e.name) for e in entries] + [4])
@@ -212,7 +213,8 @@ def _cmd_presets_list(args: argparse.Namespace) -> int:
 
 
 def _description(path: Path) -> str:
-    from grpo_tui.preset_store import PresetError, read_toml
+    from grpo_tui.config.schema import PresetError
+    from grpo_tui.config.store import read_toml
 
     try:
         value = read_toml(path).get("description", "")
@@ -222,9 +224,9 @@ def _description(path: Path) -> str:
 
 
 def _cmd_presets_show(args: argparse.Namespace) -> int:
-    from grpo_tui.checks import check_preset
-    from grpo_tui.launch import build_launch_command, format_command, launch_env, per_node_commands
-    from grpo_tui.preset_store import dump_preset, load_preset
+    from grpo_tui.config.checks import check_preset
+    from grpo_tui.launch.command import build_launch_command, format_command, launch_env, per_node_commands
+    from grpo_tui.config.store import dump_preset, load_preset
 
     preset, path = load_preset(args.preset, args.overrides)
     run_dir = Path(preset.logging.runs_dir) / f"<timestamp>-{preset.name}"
@@ -244,8 +246,9 @@ def _cmd_presets_show(args: argparse.Namespace) -> int:
 
 
 def _cmd_presets_validate(args: argparse.Namespace) -> int:
-    from grpo_tui.checks import check_preset
-    from grpo_tui.preset_store import PresetError, load_preset
+    from grpo_tui.config.checks import check_preset
+    from grpo_tui.config.schema import PresetError
+    from grpo_tui.config.store import load_preset
 
     failed = False
     for arg in args.files:
@@ -271,8 +274,9 @@ def _cmd_presets_validate(args: argparse.Namespace) -> int:
 
 
 def _cmd_presets_save(args: argparse.Namespace) -> int:
-    from grpo_tui.checks import check_preset
-    from grpo_tui.preset_store import PresetError, load_preset, save_user_preset
+    from grpo_tui.config.checks import check_preset
+    from grpo_tui.config.schema import PresetError
+    from grpo_tui.config.store import load_preset, save_user_preset
 
     preset, _ = load_preset(args.source, args.overrides)
     result = check_preset(preset, environment=False)
@@ -286,8 +290,8 @@ def _cmd_presets_save(args: argparse.Namespace) -> int:
 def _cmd_runs(args: argparse.Namespace) -> int:
     import time
 
-    from grpo_tui.rundir import list_runs
-    from grpo_tui.runner import effective_status
+    from grpo_tui.runs.folder import list_runs
+    from grpo_tui.launch.supervisor import effective_status
 
     runs = list_runs(args.runs_dir)
     if not runs:
@@ -307,7 +311,7 @@ def _cmd_runs(args: argparse.Namespace) -> int:
 
 def _last_step(metrics: Path, tail_bytes: int = 16384) -> int | None:
     """The last logged step, from the file's tail only (a long run's file can be large)."""
-    from grpo_tui.metrics import MetricsTail
+    from grpo_tui.runs.metrics import MetricsTail
 
     try:
         size = metrics.stat().st_size
@@ -320,9 +324,9 @@ def _last_step(metrics: Path, tail_bytes: int = 16384) -> int | None:
 
 
 def _cmd_control(args: argparse.Namespace) -> int:
-    from grpo_tui.rundir import RunDir
-    from grpo_tui.runlist import SUBMITTED
-    from grpo_tui.runner import ACTIVE_STATES, effective_status, stop_run
+    from grpo_tui.runs.folder import RunDir
+    from grpo_tui.runs.listing import SUBMITTED
+    from grpo_tui.launch.supervisor import ACTIVE_STATES, effective_status, stop_run
 
     run = RunDir(args.run_dir.resolve())
     if not run.is_run:
@@ -345,7 +349,7 @@ def _cmd_control(args: argparse.Namespace) -> int:
 
 
 def _cmd_supervise(args: argparse.Namespace) -> int:
-    from grpo_tui.runner import supervise
+    from grpo_tui.launch.supervisor import supervise
 
     return supervise(args.run_dir)
 

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from grpo_tui.metrics import read_records, step_records
+from grpo_tui.runs.metrics import read_records, step_records
 
 
 def interrupt_after_steps(

@@ -17,8 +17,8 @@ import time
 import tomllib
 from pathlib import Path
 
-from grpo_tui.metrics import MetricsWriter
-from grpo_tui.rundir import RunDir, read_json
+from grpo_tui.runs.metrics import MetricsWriter
+from grpo_tui.runs.folder import RunDir, read_json
 
 
 def main() -> int:

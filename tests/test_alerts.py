@@ -5,11 +5,11 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from grpo_tui import alerts as A
-from grpo_tui.alerts import AlertLog, detect_alerts
-from grpo_tui.demo import make_run
-from grpo_tui.monitor import GpuSnapshot, HostSnapshot, MonitorSnapshot
-from grpo_tui.runstate import RunState, load_recent, load_run
+from grpo_tui.dashboard import alerts as A
+from grpo_tui.dashboard.alerts import AlertLog, detect_alerts
+from grpo_tui.tools.demo import make_run
+from grpo_tui.dashboard.monitor import GpuSnapshot, HostSnapshot, MonitorSnapshot
+from grpo_tui.dashboard.state import RunState, load_recent, load_run
 
 HEALTHY = {"frac_reward_zero_std": 0.1, "kl": 0.002, "entropy": 1.0, "completions/clipped_ratio": 0.05}
 

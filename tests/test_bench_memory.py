@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from grpo_tui.bench_memory import _impl_list, _int_list, _summarise, find_max_batch
+from grpo_tui.tools.bench_memory import _impl_list, _int_list, _summarise, find_max_batch
 
 
 @pytest.mark.parametrize("capacity", [0, 8, 24, 64, 72, 1000, 4096])
@@ -54,7 +54,7 @@ def test_list_arguments_reject_bad_values():
 
 
 def test_memory_cap_env_is_validated_and_ignored_on_cpu(monkeypatch):
-    from grpo_tui.memory import MEMORY_CAP_ENV, apply_memory_cap
+    from grpo_tui.train.phase_memory import MEMORY_CAP_ENV, apply_memory_cap
 
     monkeypatch.delenv(MEMORY_CAP_ENV, raising=False)
     assert apply_memory_cap("cpu") is None
@@ -74,7 +74,7 @@ def test_memory_cap_env_is_validated_and_ignored_on_cpu(monkeypatch):
     ],
 )
 def test_bad_preset_is_one_line_before_any_trial(argv, message, tmp_path, capsys, monkeypatch):
-    from grpo_tui import bench_memory
+    from grpo_tui.tools import bench_memory
     from grpo_tui.cli import main
 
     monkeypatch.chdir(tmp_path)

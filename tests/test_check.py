@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from tiny_cache import tiny_model_path  # noqa: F401 - session fixture
 
-from grpo_tui import check
+from grpo_tui.tools import parity_check as check
 
 
 @pytest.mark.parametrize("baseline", ["naive", "trl"])

@@ -9,9 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from grpo_tui import cli, runner
-from grpo_tui.metrics import read_records, step_records
-from grpo_tui.rundir import RunDir, list_runs
+from grpo_tui import cli
+
+from grpo_tui.launch import supervisor
+from grpo_tui.runs.metrics import read_records, step_records
+from grpo_tui.runs.folder import RunDir, list_runs
 
 FAKE = str(Path(__file__).with_name("fake_trainer.py"))
 
@@ -22,7 +24,7 @@ def isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("GRPO_TUI_PRESETS_DIR", str(tmp_path / "user-presets"))
     monkeypatch.setenv("FAKE_TRAINER_STEP_S", "0.001")
-    monkeypatch.setattr(runner, "build_launch_command", lambda preset, run_dir: [sys.executable, FAKE, "--run-dir", str(run_dir)])
+    monkeypatch.setattr(supervisor, "build_launch_command", lambda preset, run_dir: [sys.executable, FAKE, "--run-dir", str(run_dir)])
     return tmp_path
 
 
@@ -55,7 +57,7 @@ def test_run_refuses_bad_input_before_creating_anything(tmp_path: Path, capsys: 
 
 
 def test_run_refuses_more_processes_than_gpus(tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch) -> None:
-    from grpo_tui import checks
+    from grpo_tui.config import checks
 
     monkeypatch.setattr(checks, "visible_gpu_count", lambda: 0)
     assert cli.main(["run", "qwen3-0.6b-gsm8k", "--headless"]) == 2

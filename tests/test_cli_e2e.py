@@ -13,8 +13,8 @@ import pytest
 from e2e_support import interrupt_after_steps
 from tiny_cache import tiny_model_path  # noqa: F401 - session fixture (shares the tiny model build)
 
-from grpo_tui.metrics import PHASES, SCHEMA_VERSION, read_records, step_records
-from grpo_tui.rundir import RunDir, list_runs
+from grpo_tui.runs.metrics import PHASES, SCHEMA_VERSION, read_records, step_records
+from grpo_tui.runs.folder import RunDir, list_runs
 
 pytestmark = pytest.mark.slow
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-from grpo_tui.compare import FINAL_REWARD_STEPS, aligned, compare_runs
-from grpo_tui.demo import make_run
-from grpo_tui.metrics import PHASES, read_records
-from grpo_tui.runstate import PEAK_MIB, RunState, load_run
+from grpo_tui.dashboard.compare import FINAL_REWARD_STEPS, aligned, compare_runs
+from grpo_tui.tools.demo import make_run
+from grpo_tui.runs.metrics import PHASES, read_records
+from grpo_tui.dashboard.state import PEAK_MIB, RunState, load_run
 
 
 def _steps(path: Path) -> list[dict]:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from grpo_tui.completions import CompletionIndex
-from grpo_tui.demo import make_run
+from grpo_tui.runs.completions import CompletionIndex
+from grpo_tui.tools.demo import make_run
 
 
 def _row(step: int, prompt: object, text: str, adv: float | None = 0.5, **rewards: float) -> str:

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from grpo_tui.data import DataError, addition_rows, build_prompt_dataset, load_rows
-from grpo_tui.presets import DataSection
+from grpo_tui.tasks.data import DataError, addition_rows, build_prompt_dataset, load_rows
+from grpo_tui.config.schema import DataSection
 
 GSM8K_TEST = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "gsm8k" / "test.jsonl"
 
@@ -64,7 +64,7 @@ def test_bad_sources_and_templates(tmp_path: Path) -> None:
 
 
 def test_long_prompts_keep_their_last_tokens(tmp_path: Path) -> None:
-    from grpo_tui.tiny import build_tokenizer
+    from grpo_tui.tasks.tiny import build_tokenizer
 
     path = tmp_path / "rows.jsonl"
     path.write_text(json.dumps({"question": "a long preamble then 12+34=", "answer": "46"}))

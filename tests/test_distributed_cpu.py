@@ -17,8 +17,8 @@ from e2e_support import free_port
 from test_trainer import REL, ABS, make_run
 from tiny_cache import tiny_model_path  # noqa: F401 - session fixture
 
-from grpo_tui.metrics import read_records, step_records
-from grpo_tui.rundir import write_json_atomic
+from grpo_tui.runs.metrics import read_records, step_records
+from grpo_tui.runs.folder import write_json_atomic
 
 pytestmark = pytest.mark.slow
 
@@ -64,7 +64,7 @@ FSDP_SCRIPT = r'''
 import json, os, sys, torch, torch.distributed as dist
 from torch.distributed.fsdp import fully_shard
 from transformers import AutoModelForCausalLM
-from grpo_tui.trainer import add_hidden_states_forward, full_head_params, lm_head_of
+from grpo_tui.train.trainer import add_hidden_states_forward, full_head_params, lm_head_of
 from grpo_kernels import fused_linear_grpo_loss
 
 dist.init_process_group("gloo")

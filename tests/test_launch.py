@@ -12,14 +12,14 @@ import pytest
 from accelerate.commands.config import load_config_from_file
 from accelerate.utils import DistributedType
 
-from grpo_tui.launch import (
+from grpo_tui.launch.command import (
     build_accelerate_config,
     build_launch_command,
     launch_env,
     per_node_commands,
     write_accelerate_config,
 )
-from grpo_tui.presets import Preset
+from grpo_tui.config.schema import Preset
 
 
 def preset(**distributed: object) -> Preset:

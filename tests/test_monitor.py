@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from grpo_tui.monitor import MIB, NVML_VALUE_NOT_AVAILABLE, GpuHistory, Monitor, MonitorSnapshot
+from grpo_tui.dashboard.monitor import MIB, NVML_VALUE_NOT_AVAILABLE, GpuHistory, Monitor, MonitorSnapshot
 
 
 class FakeNVMLError(Exception):

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from grpo_tui import checks
-from grpo_tui.checks import check_preset, generation_batch
+from grpo_tui.config import checks
+from grpo_tui.config.checks import check_preset, generation_batch
 from grpo_tui.cli import main
-from grpo_tui.overrides import apply_overrides, parse_override, parse_value
-from grpo_tui.preset_store import (
+from grpo_tui.config.overrides import apply_overrides, parse_override, parse_value
+from grpo_tui.config.store import (
     BUILTIN_DIR,
     PresetError,
     dump_preset,
@@ -23,7 +23,7 @@ from grpo_tui.preset_store import (
     load_preset_file,
     save_user_preset,
 )
-from grpo_tui.presets import Preset
+from grpo_tui.config.schema import Preset
 
 REAL_GPU_COUNT = checks.visible_gpu_count
 SHIPPED = sorted(p.stem for p in BUILTIN_DIR.glob("*.toml"))

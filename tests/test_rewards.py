@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from grpo_tui.rewards import (
+from grpo_tui.tasks.rewards import (
     REWARDS,
     RewardError,
     addition_exact,
@@ -32,7 +32,7 @@ def _gsm8k_rows() -> list[dict]:
 
 
 def test_rewards_module_does_not_import_torch() -> None:
-    code = "import sys, grpo_tui.rewards; print('torch' in sys.modules)"
+    code = "import sys, grpo_tui.tasks.rewards; print('torch' in sys.modules)"
     import subprocess
 
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -114,10 +114,10 @@ def test_addition_rewards() -> None:
 def test_registry_and_user_functions() -> None:
     assert {"gsm8k_correct", "gsm8k_format", "length_penalty", "addition_partial", "addition_exact"} <= set(REWARDS)
     assert resolve_reward("addition_exact") is addition_exact
-    assert resolve_reward("grpo_tui.rewards:gsm8k_format") is gsm8k_format
+    assert resolve_reward("grpo_tui.tasks.rewards:gsm8k_format") is gsm8k_format
     with pytest.raises(RewardError, match="unknown reward 'nope'"):
         resolve_reward("nope")
     with pytest.raises(RewardError, match="cannot import module"):
         resolve_reward("no_such_module_xyz:f")
     with pytest.raises(RewardError, match="has no function"):
-        resolve_reward("grpo_tui.rewards:missing")
+        resolve_reward("grpo_tui.tasks.rewards:missing")

@@ -19,11 +19,13 @@ from typing import Callable
 
 import pytest
 
-from grpo_tui.metrics import read_records, step_records
-from grpo_tui.preset_store import PresetError, load_preset
-from grpo_tui.progress import failure_reason, format_step
-from grpo_tui.rundir import RunDir
-from grpo_tui.runner import effective_status, prepare_run, run_foreground, stop_run
+from grpo_tui.runs.metrics import read_records, step_records
+from grpo_tui.config.schema import PresetError
+from grpo_tui.config.store import load_preset
+from grpo_tui.launch.progress import format_step
+from grpo_tui.runs.failures import failure_reason
+from grpo_tui.runs.folder import RunDir
+from grpo_tui.launch.supervisor import effective_status, prepare_run, run_foreground, stop_run
 
 FAKE = str(Path(__file__).with_name("fake_trainer.py"))
 DEADLINE_S = 60.0
@@ -55,7 +57,7 @@ def steps_logged(run: RunDir) -> int:
     return len(step_records(read_records(run.metrics)))
 
 
-FOREGROUND = "import sys; from grpo_tui.runner import run_foreground; sys.exit(run_foreground(sys.argv[1]))"
+FOREGROUND = "import sys; from grpo_tui.launch.supervisor import run_foreground; sys.exit(run_foreground(sys.argv[1]))"
 
 
 def start_foreground(run: RunDir) -> subprocess.Popen[str]:
@@ -72,9 +74,8 @@ def test_prepare_run_writes_the_run_folder(tmp_path: Path, monkeypatch: pytest.M
     preset, _ = load_preset("tiny-cpu")
     run = prepare_run(preset, ["grpo.max_steps=3", "data.source=train.jsonl"])
     assert run.path.parent == tmp_path / "runs" and run.name.endswith("-tiny-cpu")
-    from grpo_tui.runner import load_run_preset
 
-    resolved = load_run_preset(run)
+    resolved = run.load_preset()
     assert resolved.grpo.max_steps == 3
     assert resolved.data.source == str(data)  # made absolute: the trainer may run elsewhere
     assert resolved.logging.runs_dir == str(tmp_path / "runs")
@@ -162,7 +163,7 @@ def test_failure_prints_one_line_reason(tmp_path: Path, capsys: pytest.CaptureFi
     assert f"run failed: {status['reason']}" == lines[0]
 
 
-DETACH = "import sys; from grpo_tui.runner import spawn_detached; print(spawn_detached(sys.argv[1]))"
+DETACH = "import sys; from grpo_tui.launch.supervisor import spawn_detached; print(spawn_detached(sys.argv[1]))"
 
 
 def detach_from_short_lived_parent(run: RunDir) -> int:

@@ -1,4 +1,4 @@
-"""RunState, load_run, downsample and scan_runs on recorded (grpo_tui.demo) and hand-made streams."""
+"""RunState, load_run, downsample and scan_runs on recorded (grpo_tui.tools.demo) and hand-made streams."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from grpo_tui.demo import LiveWriter, make_run, step_record
-from grpo_tui.metrics import read_records
-from grpo_tui.runstate import (
+from grpo_tui.tools.demo import LiveWriter, make_run, step_record
+from grpo_tui.runs.metrics import read_records
+from grpo_tui.dashboard.state import (
     PEAK_MIB,
     SCAN_TAIL_BYTES,
     TOKENS_PER_S,

@@ -2,7 +2,7 @@
 
 import pytest
 
-from grpo_tui.shapes import QWEN3_SHAPES, build_padded_tokenizer, build_shaped_model
+from grpo_tui.tasks.shapes import QWEN3_SHAPES, build_padded_tokenizer, build_shaped_model
 
 
 def test_padded_tokenizer_covers_the_whole_vocab_and_round_trips_text():

@@ -17,8 +17,8 @@ from e2e_support import free_port
 from tiny_cache import tiny_model_path  # noqa: F401 - session fixture
 
 from grpo_tui.cli import main
-from grpo_tui.metrics import read_records, step_records
-from grpo_tui.rundir import RunDir
+from grpo_tui.runs.metrics import read_records, step_records
+from grpo_tui.runs.folder import RunDir
 
 SRUN = """#!/bin/bash
 cmd="${@: -1}"
@@ -158,12 +158,12 @@ def test_the_script_trains_on_two_nodes(
 @pytest.mark.slow
 def test_per_node_commands_train_as_two_machines(tiny_model_path: Path, tmp_path: Path) -> None:
     # Without SLURM: command.json's per-node commands, started by hand on each machine (here both on this one)
-    from grpo_tui import runner
-    from grpo_tui.preset_store import load_preset
+    from grpo_tui.launch import supervisor
+    from grpo_tui.config.store import load_preset
 
     preset, _ = load_preset("tiny-cpu", ["distributed.num_machines=2", "distributed.main_process_ip=127.0.0.1",
                                          f"distributed.main_process_port={free_port()}", "grpo.max_steps=2"])  # fmt: skip
-    run = runner.prepare_run(preset, [], tmp_path / "runs")
+    run = supervisor.prepare_run(preset, [], tmp_path / "runs")
     command = json.loads(run.command.read_text())
     env = {**os.environ, **command["env"], "OMP_NUM_THREADS": "1"}
     nodes = [subprocess.Popen(argv, env=env, cwd=command["cwd"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
@@ -176,9 +176,9 @@ def test_per_node_commands_train_as_two_machines(tiny_model_path: Path, tmp_path
 
 
 def test_app_follows_a_submitted_run_through_its_stream(tmp_path: Path) -> None:
-    from grpo_tui.metrics import MetricsWriter
-    from grpo_tui.runlist import run_info
-    from grpo_tui.runner import effective_status
+    from grpo_tui.runs.metrics import MetricsWriter
+    from grpo_tui.runs.listing import run_info
+    from grpo_tui.launch.supervisor import effective_status
 
     run = RunDir.create(tmp_path, "tiny-cpu")
     run.update_status(status="submitted", launcher="slurm", created=1.0)

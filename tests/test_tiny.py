@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from grpo_tui import tiny
+from grpo_tui.tasks import tiny
 from tiny_cache import tiny_model_path  # noqa: F401 - session fixture
 
 
@@ -49,8 +49,8 @@ def test_default_model_answers_some_sums(tiny_model_path: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from grpo_tui.data import addition_rows
-    from grpo_tui.rewards import addition_partial
+    from grpo_tui.tasks.data import addition_rows
+    from grpo_tui.tasks.rewards import addition_partial
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_path)
     model = AutoModelForCausalLM.from_pretrained(tiny_model_path)

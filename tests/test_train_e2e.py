@@ -11,8 +11,8 @@ from e2e_support import interrupt_after_steps
 from test_trainer import make_run
 from tiny_cache import tiny_model_path  # noqa: F401 - session fixture
 
-from grpo_tui import train
-from grpo_tui.metrics import read_records, step_records
+from grpo_tui.train import entry
+from grpo_tui.runs.metrics import read_records, step_records
 
 pytestmark = pytest.mark.slow
 
@@ -40,7 +40,7 @@ def test_out_of_memory_is_reported_with_its_phase(tiny_model_path: Path, tmp_pat
     monkeypatch.syspath_prepend(str(tmp_path))
     run = make_run(tmp_path, "oom", grpo={"max_steps": 3}, loss={"impl": "naive"},
                    rewards={"functions": [{"name": "oom_reward:boom"}]})  # fmt: skip
-    assert train.main(["--run-dir", str(run.path)]) == train.EXIT_OOM
+    assert entry.main(["--run-dir", str(run.path)]) == entry.EXIT_OOM
     records = read_records(run.metrics)
     oom = [r for r in records if r.get("event") == "oom"]
     assert len(oom) == 1

@@ -11,9 +11,9 @@ import pytest
 import tomli_w
 from tiny_cache import tiny_model_path  # noqa: F401 - session fixture
 
-from grpo_tui import train
-from grpo_tui.metrics import read_records, step_records
-from grpo_tui.rundir import RunDir, write_json_atomic
+from grpo_tui.train import entry
+from grpo_tui.runs.metrics import read_records, step_records
+from grpo_tui.runs.folder import RunDir, write_json_atomic
 
 TINY_PRESET = Path(__file__).resolve().parents[1] / "presets" / "tiny-cpu.toml"
 # fp32 on the CPU: the three implementations differ only in summation order (~1e-7 relative); the
@@ -32,7 +32,7 @@ def make_run(root: Path, name: str, **sections: dict[str, Any]) -> RunDir:
 
 
 def run_steps(run: RunDir) -> tuple[int, list[dict[str, Any]], list[dict[str, Any]]]:
-    code = train.main(["--run-dir", str(run.path)])
+    code = entry.main(["--run-dir", str(run.path)])
     records = read_records(run.metrics)
     return code, step_records(records), [r for r in records if "event" in r]
 
@@ -173,7 +173,7 @@ def test_tiny_cpu_reward_rises(tiny_model_path: Path, tmp_path: Path) -> None:
 
 
 def test_control_reader_acts_once_and_reports_bad_files_once(tmp_path: Path) -> None:
-    from grpo_tui.control import ControlReader
+    from grpo_tui.train.control import ControlReader
 
     path = tmp_path / "control.json"
     reader = ControlReader(path)
@@ -198,12 +198,12 @@ def test_control_reader_acts_once_and_reports_bad_files_once(tmp_path: Path) -> 
 def test_phase_memory_charges_the_innermost_phase(monkeypatch: pytest.MonkeyPatch) -> None:
     import torch
 
-    from grpo_tui import memory
+    from grpo_tui.train import phase_memory
 
     rss = iter([100.0, 100.0, 150.0, 400.0, 160.0, 170.0, 170.0] + [170.0] * 20)
-    monkeypatch.setattr(memory, "_rss_mib", lambda: next(rss))
-    monkeypatch.setattr(memory, "_reset_rss_peak", lambda: False)  # the boundary-sampling fallback
-    phases = memory.PhaseMemory("cpu")
+    monkeypatch.setattr(phase_memory, "_rss_mib", lambda: next(rss))
+    monkeypatch.setattr(phase_memory, "_reset_rss_peak", lambda: False)  # the boundary-sampling fallback
+    phases = phase_memory.PhaseMemory("cpu")
     assert not phases.rss_hwm
     with phases.track("loss"):  # start 100
         with phases.track("generation"):  # loss sampled at 100; generation starts at 150, ends at 400
@@ -221,28 +221,28 @@ def test_phase_memory_charges_the_innermost_phase(monkeypatch: pytest.MonkeyPatc
 def test_phase_memory_on_cpu_catches_a_spike_freed_before_the_phase_ends() -> None:
     import torch
 
-    from grpo_tui import memory
+    from grpo_tui.train import phase_memory
 
-    phases = memory.PhaseMemory("cpu")
+    phases = phase_memory.PhaseMemory("cpu")
     if not phases.rss_hwm:
         pytest.skip("no resettable RSS high-water mark on this kernel")
     with phases.track("scoring"):
         with phases.track("generation"):
             spike = torch.ones(96 * 2**20)  # 384 MiB, touched, then gone before the phase ends
             del spike
-        after = memory._rss_mib()
+        after = phase_memory._rss_mib()
     peaks = phases.take_step()
     assert peaks["generation"] >= after + 300  # boundary samples alone would have missed it
     assert peaks["scoring"] < peaks["generation"] - 300  # the enclosing phase resumes with a fresh peak
 
 
 def _trainer(tiny_model_path: Path, tmp_path: Path, name: str, **grpo: Any) -> Any:
-    from grpo_tui.presets import Preset
+    from grpo_tui.config.schema import Preset
 
     run = make_run(tmp_path, name, grpo={"max_steps": 2, "per_device_batch_size": 8, "num_generations": 4,
                                          "beta": 0.1, **grpo})  # fmt: skip
     preset = Preset.model_validate(tomllib.loads(run.config.read_text()))
-    return train.build_trainer(preset, run)
+    return entry.build_trainer(preset, run)
 
 
 def _batch_sizes(module: Any, grad: bool | None = None) -> list[int]:
@@ -292,7 +292,7 @@ def test_scoring_sub_batch_slices_only_the_no_grad_forwards_and_keeps_the_loss(t
 def test_naive_entropy_is_a_metric_kept_out_of_the_loss_graph() -> None:
     import torch
 
-    from grpo_tui.trainer import naive_logps_and_entropies
+    from grpo_tui.train.trainer import naive_logps_and_entropies
 
     logits = torch.randn(2, 3, 50, dtype=torch.float64, requires_grad=True)
     ids = torch.randint(0, 50, (2, 3))

@@ -15,7 +15,7 @@ import pytest
 
 @pytest.fixture(scope="session")
 def tiny_model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from grpo_tui.tiny import CACHE_ENV, ensure_tiny_model
+    from grpo_tui.tasks.tiny import CACHE_ENV, ensure_tiny_model
 
     root = tmp_path_factory.getbasetemp() / "grpo-tui-cache"
     os.environ[CACHE_ENV] = str(root)

@@ -1,4 +1,4 @@
-"""Fixtures for the UI tests: recorded runs (grpo_tui.demo), a fixed clock, a fake monitor, an app factory."""
+"""Fixtures for the UI tests: recorded runs (grpo_tui.tools.demo), a fixed clock, a fake monitor, an app factory."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from ui_support import FIXED_NOW, FakeMonitor, host_only_snapshot
 
-from grpo_tui.app import GrpoTuiApp, create_app
-from grpo_tui.demo import make_run
+from grpo_tui.dashboard.app import GrpoTuiApp, create_app
+from grpo_tui.tools.demo import make_run
 
 
 @pytest.hookimpl(tryfirst=True)

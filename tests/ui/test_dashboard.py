@@ -1,4 +1,4 @@
-"""The run dashboard, fed by recorded runs (grpo_tui.demo) and a live writer; every binding."""
+"""The run dashboard, fed by recorded runs (grpo_tui.tools.demo) and a live writer; every binding."""
 
 from __future__ import annotations
 
@@ -15,14 +15,14 @@ import pytest
 from textual.widgets import Switch, TabbedContent
 from ui_support import SIZE, FakeMonitor, gpu_snapshot, mark_running, plain, wait_for
 
-from grpo_tui.demo import T0, LiveWriter, make_run, step_record
-from grpo_tui.screens.confirm import ConfirmScreen, QuitScreen
-from grpo_tui.screens.dashboard import DashboardScreen
-from grpo_tui.screens.presets import PresetScreen
-from grpo_tui.widgets.completions_browser import CompletionsBrowser
-from grpo_tui.widgets.loss_impl_toggle import LossImplToggle
-from grpo_tui.widgets.metric_chart import MetricChart
-from grpo_tui.widgets.reward_chart import RewardChart
+from grpo_tui.tools.demo import T0, LiveWriter, make_run, step_record
+from grpo_tui.dashboard.screens.confirm import ConfirmScreen, QuitScreen
+from grpo_tui.dashboard.screens.dashboard import DashboardScreen
+from grpo_tui.dashboard.screens.presets import PresetScreen
+from grpo_tui.dashboard.widgets.completions_browser import CompletionsBrowser
+from grpo_tui.dashboard.widgets.loss_impl_toggle import LossImplToggle
+from grpo_tui.dashboard.widgets.metric_chart import MetricChart
+from grpo_tui.dashboard.widgets.reward_chart import RewardChart
 
 
 

@@ -6,11 +6,11 @@ from pathlib import Path
 
 from textual.widgets import Input, OptionList, Static
 
-from grpo_tui.demo import make_run
-from grpo_tui.screens.dashboard import DashboardScreen
-from grpo_tui.screens.preset_editor import PresetEditorScreen
-from grpo_tui.screens.presets import PresetScreen
-from grpo_tui.widgets.runs_table import RunsTable
+from grpo_tui.tools.demo import make_run
+from grpo_tui.dashboard.screens.dashboard import DashboardScreen
+from grpo_tui.dashboard.screens.preset_editor import PresetEditorScreen
+from grpo_tui.dashboard.screens.presets import PresetScreen
+from grpo_tui.dashboard.widgets.runs_table import RunsTable
 from ui_support import SIZE, plain, wait_for
 
 
@@ -73,7 +73,7 @@ async def test_s_and_enter_start_the_selected_preset_and_open_its_dashboard(app_
 
 
 async def test_a_failed_start_says_why_in_one_line(app_factory) -> None:
-    from grpo_tui.preset_store import PresetError
+    from grpo_tui.config.schema import PresetError
 
     def launcher(preset, runs_dir_arg):  # noqa: ANN001, ANN202
         raise PresetError(["distributed.num_processes: got 8; 0 GPU(s) visible on this machine"])

@@ -9,13 +9,13 @@ import time
 import pytest
 from ui_support import SIZE, plain, wait_for
 
-from grpo_tui.screens.dashboard import DashboardScreen
+from grpo_tui.dashboard.screens.dashboard import DashboardScreen
 
 pytestmark = pytest.mark.slow
 
 
 async def test_tiny_cpu_start_watch_toggle_stop(app_factory, runs_dir) -> None:
-    from grpo_tui.monitor import Monitor
+    from grpo_tui.dashboard.monitor import Monitor
 
     app = app_factory(monitor=Monitor(), clock=time.time, poll_interval=0.3)  # the real launcher
     async with app.run_test(size=SIZE) as pilot:

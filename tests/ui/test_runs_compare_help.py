@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 from ui_support import SIZE, plain, wait_for
 
-from grpo_tui.app import binding_owners
-from grpo_tui.screens.compare import CompareScreen, OverlayChart
-from grpo_tui.screens.dashboard import DashboardScreen
-from grpo_tui.screens.help import HelpScreen, _bindings_of
-from grpo_tui.screens.presets import PresetScreen
-from grpo_tui.screens.runs import RunsScreen
-from grpo_tui.widgets.runs_table import RunsTable
+from grpo_tui.dashboard.app import binding_owners
+from grpo_tui.dashboard.screens.compare import CompareScreen, OverlayChart
+from grpo_tui.dashboard.screens.dashboard import DashboardScreen
+from grpo_tui.dashboard.screens.help import HelpScreen, _bindings_of
+from grpo_tui.dashboard.screens.presets import PresetScreen
+from grpo_tui.dashboard.screens.runs import RunsScreen
+from grpo_tui.dashboard.widgets.runs_table import RunsTable
 
 
 async def runs_table(pilot, key: str) -> RunsTable:  # noqa: ANN001
@@ -110,12 +110,12 @@ def test_the_ui_never_imports_torch() -> None:
 
     code = (
         "import sys\n"
-        "import grpo_tui.app\n"
-        "from grpo_tui.app import binding_owners\n"
+        "import grpo_tui.dashboard.app\n"
+        "from grpo_tui.dashboard.app import binding_owners\n"
         "binding_owners()\n"
-        "import grpo_tui.screens.dashboard_feed, grpo_tui.screenshots\n"
-        "from grpo_tui.checks import check_preset\n"
-        "from grpo_tui.preset_store import load_preset\n"
+        "import grpo_tui.dashboard.feed, grpo_tui.tools.screenshots\n"
+        "from grpo_tui.config.checks import check_preset\n"
+        "from grpo_tui.config.store import load_preset\n"
         "check_preset(load_preset('tiny-cpu')[0])\n"
         "print(sorted(m for m in ('torch', 'transformers', 'trl', 'accelerate') if m in sys.modules))\n"
     )
@@ -125,7 +125,7 @@ def test_the_ui_never_imports_torch() -> None:
 
 @pytest.mark.parametrize(("key", "answer"), [("y", True), ("enter", True), ("n", False), ("escape", False)])
 async def test_confirm_dialog_keys(app_factory, key: str, answer: bool) -> None:
-    from grpo_tui.screens.confirm import ConfirmScreen
+    from grpo_tui.dashboard.screens.confirm import ConfirmScreen
 
     app = app_factory()
     answers: list[bool] = []

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from grpo_tui import screenshots
+from grpo_tui.tools import screenshots
 
 pytestmark = pytest.mark.slow
 

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from ui_support import SIZE, FakeMonitor, gpu_snapshot, plain, wait_for
 
-from grpo_tui.demo import make_run
-from grpo_tui.screens.compare import CompareScreen
-from grpo_tui.screens.dashboard import DashboardScreen
+from grpo_tui.tools.demo import make_run
+from grpo_tui.dashboard.screens.compare import CompareScreen
+from grpo_tui.dashboard.screens.dashboard import DashboardScreen
 
 
 @pytest.fixture(autouse=True)

@@ -8,8 +8,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from grpo_tui.demo import T0
-from grpo_tui.monitor import GpuProcess, GpuSnapshot, HostSnapshot, MonitorSnapshot
+from grpo_tui.tools.demo import T0
+from grpo_tui.dashboard.monitor import GpuProcess, GpuSnapshot, HostSnapshot, MonitorSnapshot
 
 # The recorded run's clock: 20 s after its last step, so elapsed/ETA are fixed in the render.
 FIXED_NOW = T0 + 300.0

@@ -1,0 +1,221 @@
+"""Cross-field checks that run before anything launches.
+
+Each finding is one line, `dotted.path: reason`. Errors stop a launch; notes are informational.
+Static checks look only at the preset; environment checks (visible GPUs) look at this machine,
+so `presets validate` can report them without failing on a laptop that will not run the preset.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from grpo_tui.tasks.data import BUILTIN_ADDITION, LOCAL_SUFFIXES
+from grpo_tui.config.schema import Preset
+from grpo_tui.tasks.rewards import REWARDS
+from grpo_tui.tasks.shapes import QWEN3_SHAPES
+from grpo_tui.tasks.tiny import BUILTIN_MODEL
+
+# Models and tasks built in code (grpo_tui's training side); `builtin:<name>` must name one.
+BUILTIN_MODELS: tuple[str, ...] = (BUILTIN_MODEL.removeprefix("builtin:"), *QWEN3_SHAPES)
+BUILTIN_DATA: tuple[str, ...] = (BUILTIN_ADDITION.removeprefix("builtin:"),)
+# owner/name as the hub spells it (a local file would have a known suffix or exist).
+HUB_ID_RE = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+@dataclass
+class CheckResult:
+    errors: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+
+def check_preset(preset: Preset, environment: bool = True, visible_gpus: int | None = None) -> CheckResult:
+    """All cross-field checks; with `environment`, also those that depend on this machine."""
+    result = CheckResult()
+    _check_batch(preset, result)
+    _check_sub_batches(preset, result)
+    _check_loss(preset, result)
+    _check_distributed(preset, result)
+    _check_model(preset, result)
+    _check_data(preset, result)
+    _check_rewards(preset, result)
+    if environment:
+        _check_gpus(preset, result, visible_gpus)
+    return result
+
+
+def generation_batch(preset: Preset) -> int:
+    """Completions generated per optimizer step across all processes."""
+    g, d = preset.grpo, preset.distributed
+    return g.per_device_batch_size * d.num_processes * d.num_machines * g.gradient_accumulation_steps
+
+
+def _check_batch(preset: Preset, result: CheckResult) -> None:
+    g, d = preset.grpo, preset.distributed
+    total = generation_batch(preset)
+    if total % g.num_generations:
+        result.errors.append(
+            f"grpo.num_generations: got {g.num_generations}; must divide the generation batch "
+            f"per_device_batch_size {g.per_device_batch_size} x num_processes {d.num_processes} x "
+            f"num_machines {d.num_machines} x gradient_accumulation_steps {g.gradient_accumulation_steps} = {total}"
+        )
+
+
+def _check_sub_batches(preset: Preset, result: CheckResult) -> None:
+    g = preset.grpo
+    rollout = g.per_device_batch_size * g.gradient_accumulation_steps  # TRL generates once per optimizer step
+    if g.generation_sub_batch is not None and g.generation_sub_batch >= rollout:
+        result.notes.append(
+            f"grpo.generation_sub_batch: {g.generation_sub_batch} >= the {rollout} completions each device "
+            f"generates per step (per_device_batch_size x gradient_accumulation_steps); it has no effect"
+        )
+    if g.scoring_sub_batch is not None and g.scoring_sub_batch >= g.per_device_batch_size:
+        result.notes.append(
+            f"grpo.scoring_sub_batch: {g.scoring_sub_batch} >= per_device_batch_size {g.per_device_batch_size}, "
+            f"which scoring already uses; it has no effect"
+        )
+
+
+def _check_loss(preset: Preset, result: CheckResult) -> None:
+    g, p = preset.grpo, preset.peft
+    if g.loss_type == "dr_grpo" and g.max_completion_length is None:
+        result.errors.append("grpo.max_completion_length: loss_type dr_grpo normalises by it; set a value")
+    if p.enabled and g.beta > 0:
+        result.notes.append(
+            f"grpo.beta: {g.beta} with LoRA: the reference model is the base with adapters disabled (no second copy)"
+        )
+    if p.enabled and "lm_head" in p.target_modules and preset.loss.impl == "chunked":
+        result.errors.append(
+            "peft.target_modules: lm_head with loss.impl chunked is refused (the fused head reads the base "
+            "weight and would ignore the adapter); drop lm_head or use loss.impl naive or trl"
+        )
+
+
+def _check_distributed(preset: Preset, result: CheckResult) -> None:
+    d = preset.distributed
+    if d.num_machines > 1 and not d.main_process_ip:
+        result.errors.append(
+            f"distributed.main_process_ip: num_machines {d.num_machines} needs the rank-0 machine's address"
+        )
+    if d.machine_rank >= d.num_machines:
+        result.errors.append(
+            f"distributed.machine_rank: got {d.machine_rank}; allowed 0..{d.num_machines - 1} (num_machines {d.num_machines})"
+        )
+    if d.fsdp and d.use_cpu:
+        result.notes.append(
+            "distributed.fsdp: on the CPU accelerate runs DDP, not FSDP (every process holds the whole model)"
+        )
+    if d.use_cpu and d.mixed_precision == "fp16":
+        result.errors.append("distributed.mixed_precision: fp16 is not supported on the CPU; allowed: no, bf16")
+
+
+def _check_model(preset: Preset, result: CheckResult) -> None:
+    name = preset.model.name_or_path
+    if name.startswith("builtin:"):
+        if name.removeprefix("builtin:") not in BUILTIN_MODELS:
+            known = ", ".join(f"builtin:{m}" for m in BUILTIN_MODELS)
+            result.errors.append(f"model.name_or_path: got {name!r}; built-in models: {known}")
+        return
+    path = Path(name).expanduser()
+    if _looks_local(name) and not path.exists():
+        result.errors.append(f"model.name_or_path: got {name!r}; no such local folder (or give a hub id owner/name)")
+
+
+def _check_data(preset: Preset, result: CheckResult) -> None:
+    source = preset.data.source
+    allowed = "builtin:addition, a hub id (openai/gsm8k), or a local .jsonl/.json/.parquet file"
+    if source.startswith("builtin:"):
+        if source.removeprefix("builtin:") not in BUILTIN_DATA:
+            result.errors.append(f"data.source: got {source!r}; allowed: {allowed}")
+        return
+    path = Path(source).expanduser()
+    if path.suffix in LOCAL_SUFFIXES:  # what grpo_tui.tasks.data reads from a local file
+        if not path.is_file():
+            result.errors.append(f"data.source: got {source!r}; no such file")
+    elif path.exists():
+        result.errors.append(f"data.source: got {source!r}; a local file must end in .jsonl, .json or .parquet")
+    elif _looks_local(source) or not HUB_ID_RE.match(source):
+        result.errors.append(f"data.source: got {source!r}; allowed: {allowed}")
+
+
+def _looks_local(name: str) -> bool:
+    return name.startswith(("/", "./", "../", "~"))
+
+
+def _check_rewards(preset: Preset, result: CheckResult) -> None:
+    for index, spec in enumerate(preset.rewards.functions):
+        where = f"rewards.functions.{index}.name"
+        if ":" in spec.name:
+            problem = _import_problem(spec.name)
+            if problem:
+                result.errors.append(f"{where}: got {spec.name!r}; {problem}")
+        elif spec.name not in REWARDS:
+            known = ", ".join(sorted(REWARDS))
+            result.errors.append(f"{where}: got {spec.name!r}; registered rewards: {known} (or module:function)")
+
+
+def _import_problem(spec: str) -> str | None:
+    """None when `module:function` imports to a callable, else why not."""
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        return "expected module:function"
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # the user's module may fail in any way on import
+        return f"cannot import module {module_name!r}: {type(exc).__name__}: {exc}"
+    target = getattr(module, attr, None)
+    if not callable(target):
+        return f"module {module_name!r} has no function {attr!r}"
+    return None
+
+
+def _check_gpus(preset: Preset, result: CheckResult, visible: int | None) -> None:
+    d = preset.distributed
+    if d.use_cpu:
+        return
+    seen = visible_gpu_count() if visible is None else visible
+    if d.num_processes > seen:
+        result.errors.append(
+            f"distributed.num_processes: got {d.num_processes}; {seen} GPU(s) visible on this machine "
+            "(one process per GPU; or set distributed.use_cpu=true)"
+        )
+
+
+def visible_gpu_count() -> int:
+    """GPUs this process may use: NVML's count (torch's if NVML is absent), capped by CUDA_VISIBLE_DEVICES."""
+    count = _nvml_count()
+    if count is None:
+        count = _torch_count()
+    mask = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if mask is not None:
+        entries = [e for e in mask.split(",") if e.strip()]
+        count = min(count, len(entries))
+    return count
+
+
+def _nvml_count() -> int | None:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            return int(pynvml.nvmlDeviceGetCount())
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # no driver, no library: NVML raises NVMLError subclasses or ImportError
+        return None
+
+
+def _torch_count() -> int:
+    try:
+        import torch
+    except ImportError:
+        return 0
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0

@@ -1,0 +1,149 @@
+"""Finding, loading, listing and saving presets.
+
+Built-in presets live in the repository's `presets/` folder; user presets in the platform config
+folder (`platformdirs.user_config_path("grpo-tui") / "presets"`, or `$GRPO_TUI_PRESETS_DIR`).
+A user preset with a built-in's name shadows the built-in. Every failure is a `PresetError`
+carrying one line per problem, ready to print.
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+
+import os
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from grpo_tui.config.overrides import apply_overrides
+from grpo_tui.config.schema import PRESET_NAME_RE, Preset, PresetError, validate_data
+
+USER_DIR_ENV = "GRPO_TUI_PRESETS_DIR"
+# Package data (the repository's top-level presets/ folder), so a wheel install has them too.
+BUILTIN_DIR = Path(str(importlib.resources.files("grpo_tui_presets")))
+DEFAULT_PRESET = "tiny-cpu"
+
+Origin = Literal["built-in", "user"]
+
+
+@dataclass(frozen=True)
+class PresetEntry:
+    name: str
+    path: Path
+    origin: Origin
+    shadows_builtin: bool = False
+
+
+def user_presets_dir() -> Path:
+    override = os.environ.get(USER_DIR_ENV)
+    if override:
+        return Path(override).expanduser()
+    import platformdirs  # imported here: only needed when no override is set
+
+    return platformdirs.user_config_path("grpo-tui") / "presets"
+
+
+def list_presets() -> list[PresetEntry]:
+    """Built-in and user presets side by side, sorted by name; a shadowed built-in is left out."""
+    builtins = {p.stem: p for p in _toml_files(BUILTIN_DIR)}
+    users = {p.stem: p for p in _toml_files(user_presets_dir())}
+    entries = [PresetEntry(name, path, "built-in") for name, path in builtins.items() if name not in users]
+    entries += [PresetEntry(name, path, "user", name in builtins) for name, path in users.items()]
+    return sorted(entries, key=lambda e: (e.name, e.origin))
+
+
+def _toml_files(folder: Path) -> list[Path]:
+    return sorted(folder.glob("*.toml")) if folder.is_dir() else []
+
+
+def is_path_like(arg: str) -> bool:
+    """A preset argument is a file path when it names a .toml file or contains a path separator."""
+    return arg.endswith(".toml") or os.sep in arg or "/" in arg
+
+
+def find_preset(name: str) -> PresetEntry:
+    """The preset called `name` (user first, then built-in), else a PresetError listing known names."""
+    for entry in list_presets():
+        if entry.name == name:
+            return entry
+    known = ", ".join(e.name for e in list_presets()) or "(none)"
+    raise PresetError([f"{name}: unknown preset; known presets: {known} (or give a path to a .toml file)"])
+
+
+def resolve_preset_path(arg: str) -> Path:
+    """Path of the preset named or pointed to by `arg` (a name from `presets list` or a .toml path)."""
+    if is_path_like(arg):
+        path = Path(arg).expanduser()
+        if not path.is_file():
+            raise PresetError([f"{arg}: no such preset file"])
+        return path.resolve()
+    return find_preset(arg).path
+
+
+def read_toml(path: Path) -> dict[str, Any]:
+    """Parse a TOML file; syntax errors become one line with the line and column."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise PresetError([f"{path}: no such file"]) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise PresetError([f"{path}: cannot read: {exc}"]) from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        # tomllib's message already ends with "(at line L, column C)".
+        raise PresetError([f"{path}: TOML syntax error: {exc}"]) from None
+
+
+def load_preset_file(path: Path) -> Preset:
+    """Read and validate one preset file. A file without `name` is named after its stem."""
+    data = read_toml(path)
+    data.setdefault("name", Path(path).stem)
+    return validate_data(data, str(path))
+
+
+def load_preset(arg: str, overrides: list[str] | None = None) -> tuple[Preset, Path]:
+    """Resolve `arg` (name or path), load and validate it, then apply `--set` overrides (if any).
+
+    Returns the preset and its file.
+    """
+    path = resolve_preset_path(arg)
+    preset = load_preset_file(path)
+    if overrides:
+        preset = apply_overrides(preset, overrides)
+    return preset, path
+
+
+def preset_to_dict(preset: Preset) -> dict[str, Any]:
+    """Everything, defaults filled; None values are left out (TOML has no null)."""
+    return _drop_none(preset.model_dump(mode="json"))
+
+
+def _drop_none(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _drop_none(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_drop_none(v) for v in value]
+    return value
+
+
+def dump_preset(preset: Preset) -> str:
+    """The fully resolved preset as TOML text."""
+    import tomli_w
+
+    return tomli_w.dumps(preset_to_dict(preset))
+
+
+def save_user_preset(preset: Preset, name: str | None = None, overwrite: bool = False) -> Path:
+    """Write `preset` into the user folder as `<name>.toml` (name defaults to preset.name)."""
+    name = name or preset.name
+    if not PRESET_NAME_RE.match(name):
+        raise PresetError([f"name: got {name!r}; letters, digits, '.', '_' or '-' (at most 64)"])
+    folder = user_presets_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name}.toml"
+    if path.exists() and not overwrite:
+        raise PresetError([f"{path}: a user preset with this name exists"])
+    path.write_text(dump_preset(preset.model_copy(update={"name": name})), encoding="utf-8")
+    return path

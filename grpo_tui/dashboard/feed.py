@@ -1,0 +1,278 @@
+"""The dashboard's data side (no Textual): one `DashboardFeed` per open run, driven by a thread worker.
+
+The feed owns the run's `RunState` (only the worker thread touches it), tails metrics.jsonl,
+completions.jsonl and stdout.log, samples the monitor, and turns all of it into an immutable
+`DashboardView` that the UI thread only draws. Views are whole (never deltas), so a newer view may
+replace a queued older one without losing anything.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from grpo_tui.dashboard.alerts import Alert, AlertLog, detect_alerts
+from grpo_tui.runs.completions import CompletionIndex, PromptGroup
+from grpo_tui.runs.metrics import PHASES
+from grpo_tui.dashboard.monitor import GpuHistory, MonitorSnapshot
+from grpo_tui.runs.folder import RunDir, read_json
+from grpo_tui.runs.listing import LIVE_STATES
+from grpo_tui.dashboard.state import PEAK_MIB, RunState, load_recent, load_run, phase_series, read_config, run_info
+
+# Points per drawn series: about two per cell of a wide chart, so nothing visible is lost.
+MAX_POINTS = 400
+# The small charts: (title, series name in RunState).
+METRIC_CHARTS: tuple[tuple[str, str], ...] = (
+    ("loss", "loss"),
+    ("KL", "kl"),
+    ("entropy", "entropy"),
+    ("clip ratio", "clip_ratio/region_mean"),
+    ("completion length", "completions/mean_length"),
+    ("tokens/s", "tokens_per_s"),
+)
+# Lines of stdout.log kept for the log tail.
+LOG_LINES = 300
+# Bytes read from the end of stdout.log when the dashboard opens.
+LOG_START_BYTES = 64 * 1024
+# Seconds between run.json / process liveness checks (cheap, but not every poll).
+STATUS_EVERY_S = 2.0
+# Monitor samples kept for the memory sparklines (one per poll).
+MEMORY_SAMPLES = 240
+
+
+@dataclass(frozen=True)
+class ProgressInfo:
+    """What the panel draws; elapsed/ETA are computed by the caller from an injected clock."""
+
+    step: int
+    max_steps: int | None
+    elapsed_s: float | None
+    eta_s: float | None
+    steps_per_s: float | None
+    state: str
+    loss_impl: str | None
+
+
+@dataclass(frozen=True)
+class ChartData:
+    """Everything the charts draw, already downsampled."""
+
+    reward: tuple[list[float], list[float], list[float]]  # steps, mean, std
+    funcs: dict[str, tuple[list[float], list[float]]]
+    metrics: dict[str, tuple[list[float], list[float]]]  # chart title -> (steps, values)
+    switches: list[int]
+
+
+@dataclass(frozen=True)
+class DashboardView:
+    """One frame of the dashboard."""
+
+    run_name: str
+    preset: str
+    status: str
+    progress: ProgressInfo
+    charts: ChartData
+    snapshot: MonitorSnapshot | None
+    history: dict[int, list[float | None]]  # GPU index -> used MiB (oldest first); -1 = host RAM
+    run_peaks: dict[int, float]
+    step_peaks: tuple[float, ...]  # the run's peak MiB of each recent step (creep shows here)
+    rank_pids: dict[int, int]
+    phases: dict[str, dict[str, float | None]]
+    switch_label: str | None
+    loss_impl: str
+    baseline: str
+    pending_impl: str | None
+    log_lines: tuple[str, ...]
+    alerts: tuple[Alert, ...]  # every alert so far, oldest first
+    active_alerts: tuple[Alert, ...]  # raised in the last few steps (shown in place)
+    completion_steps: tuple[int, ...]
+    stop_requested: bool
+    generation: int = 0  # bumps when the charts changed (the UI skips redrawing otherwise)
+    partial: bool = False  # only the newest steps are loaded so far (a long run's first view)
+
+
+@dataclass
+class DashboardFeed:
+    """Reads a run folder incrementally; `poll()` returns the next view."""
+
+    run_path: Path
+    monitor: Any  # monitor.Monitor (or anything with sample(pids))
+    clock: Callable[[], float] = time.time
+    state: RunState | None = None
+    _log: deque[str] = field(default_factory=lambda: deque(maxlen=LOG_LINES))
+    _log_offset: int = 0
+    _log_partial: bytes = b""
+    _charts: ChartData | None = None
+    _chart_key: tuple[int, int] = (-1, -1)
+    _generation: int = 0
+    _history: GpuHistory = field(default_factory=lambda: GpuHistory(maxlen=MEMORY_SAMPLES))
+    _status: str = "running"
+    _status_checked: float = -math.inf
+    _completions: CompletionIndex | None = None
+    _baseline: str = "naive"
+    _alert_log: AlertLog = field(default_factory=AlertLog)
+
+    def __post_init__(self) -> None:
+        self.run = RunDir(Path(self.run_path))
+        config = read_config(self.run.path)
+        self._baseline = str(config.get("loss", {}).get("baseline", "naive"))
+
+    def open(self) -> None:
+        """The first read: every event but only the newest steps, so a 100,000-step run shows at
+        once; the next `poll` reads the whole history (call both from the worker)."""
+        self.state = load_recent(self.run.path)
+        self._completions = CompletionIndex(self.run.path / "completions.jsonl")
+        try:
+            size = self.run.stdout.stat().st_size
+        except OSError:
+            size = 0
+        self._log_offset = max(0, size - LOG_START_BYTES)
+        self._read_log(skip_first=self._log_offset > 0)
+
+    def poll(self) -> DashboardView:
+        if self.state is None:
+            self.open()
+        elif self.state.partial:
+            self.state = load_run(self.run.path)  # the whole history; its tail goes on from the end
+            self._chart_key = (-1, -1)
+        state = self.state
+        assert state is not None and state.tail is not None
+        state.apply(state.tail.read_new())
+        if self._completions is not None:
+            self._completions.poll()
+        self._read_log()
+        now = self.clock()
+        if now - self._status_checked >= STATUS_EVERY_S:
+            self._status = _live_status(self.run.path, state)
+            self._status_checked = now
+        pids = list(state.pid_gpu) or _status_pids(self.run)
+        snapshot = self.monitor.sample(pids) if self.monitor is not None else None
+        if snapshot is not None:
+            self._history.add(snapshot)
+        self._alert_log.update(detect_alerts(state, snapshot, now=now))
+        key = (len(state), len(state.events))  # new steps, or a switch marker to draw
+        if key != self._chart_key:
+            self._charts = build_charts(state)
+            self._chart_key = key
+            self._generation += 1
+        return self._view(state, snapshot, now)
+
+    # ---- pieces --------------------------------------------------------------------------------
+    def _view(self, state: RunState, snapshot: MonitorSnapshot | None, now: float) -> DashboardView:
+        progress = state.progress(now)
+        median = state.median_step_time(20)
+        info = ProgressInfo(step=progress.step, max_steps=progress.max_steps, elapsed_s=progress.elapsed_s,
+                            eta_s=progress.eta_s, steps_per_s=(1.0 / median) if median else None,
+                            state=self._status, loss_impl=state.loss_impl or None)
+        control = read_json(self.run.control) or {}
+        live = self._status in LIVE_STATES
+        pending = control.get("loss_impl") if live and control.get("loss_impl") != state.loss_impl else None
+        switches = state.switch_steps
+        label = None
+        if switches:
+            switch = state.events_of("loss_impl_switch")[-1]
+            label = f"{switch.data.get('from', '?')} → {switch.data.get('to', '?')} at step {switch.step}"
+        return DashboardView(
+            run_name=self.run.name, preset=state.preset, status=self._status, progress=info,
+            charts=self._charts or build_charts(state), snapshot=snapshot,
+            history=_memory_history(self._history),
+            run_peaks=_run_peaks(state), rank_pids=dict(state.pid_rank), step_peaks=_recent_peaks(state),
+            phases=phase_rows(state), switch_label=label, loss_impl=state.loss_impl, baseline=self._baseline,
+            pending_impl=str(pending) if pending else None, log_lines=tuple(self._log),
+            alerts=tuple(self._alert_log.alerts), active_alerts=tuple(self._alert_log.active(state)),
+            completion_steps=tuple(self._completions.steps) if self._completions is not None else (),
+            stop_requested=bool(control.get("stop")), generation=self._generation,
+            partial=state.partial,
+        )
+
+    def _read_log(self, skip_first: bool = False) -> None:
+        try:
+            with open(self.run.stdout, "rb") as handle:
+                handle.seek(self._log_offset)
+                chunk = handle.read()
+        except OSError:
+            return
+        if not chunk:
+            return
+        self._log_offset += len(chunk)
+        lines = (self._log_partial + chunk).split(b"\n")
+        self._log_partial = lines.pop()
+        if skip_first and lines:
+            lines = lines[1:]  # cut by the seek
+        # A progress bar redraws with \r: keep what the terminal would show last.
+        self._log.extend(line.decode("utf-8", "replace").rsplit("\r", 1)[-1] for line in lines)
+
+    def completion_groups(self, step: int) -> list[PromptGroup]:
+        """One step's prompt groups (reads the file: call from a worker thread)."""
+        return self._completions.groups(step) if self._completions is not None else []
+
+
+def build_charts(state: RunState) -> ChartData:
+    """Downsampled series for every chart (steps on x); cached per series in RunState, so a live
+    redraw costs the new points only."""
+    xs, mean, std = state.downsampled("reward", MAX_POINTS, "reward_std")
+    std = [0.0 if math.isnan(v) else v for v in std]
+    funcs = {name: _pair(state.downsampled(f"rewards/{name}/mean", MAX_POINTS)) for name in state.reward_functions}
+    metrics = {title: _pair(state.downsampled(name, MAX_POINTS)) for title, name in METRIC_CHARTS}
+    return ChartData(reward=(list(xs), list(mean), std), funcs=funcs, metrics=metrics,
+                     switches=list(state.switch_steps))
+
+
+def _pair(series: tuple[list[float], ...]) -> tuple[list[float], list[float]]:
+    # Steps where the metric is missing are left out (a gap, not a zero).
+    pairs = [(x, y) for x, y in zip(series[0], series[1]) if not math.isnan(y)]
+    return [p[0] for p in pairs], [p[1] for p in pairs]
+
+
+def phase_rows(state: RunState) -> dict[str, dict[str, float | None]]:
+    """Per phase: last step's peak, run peak, and peaks before / after the latest switch."""
+    rows: dict[str, dict[str, float | None]] = {}
+    for phase in PHASES:
+        last = state.last(phase_series(phase))
+        if last is None and phase not in state.phase_peaks:
+            continue
+        rows[phase] = {"last": last, "peak": state.phase_peaks.get(phase),
+                       "before": state.phase_peaks_before_switch.get(phase),
+                       "after": state.phase_peaks_since_switch.get(phase)}
+    return rows
+
+
+def _memory_history(history: GpuHistory) -> dict[int, list[float | None]]:
+    # Used MiB per GPU, or host RAM under -1 when there is no GPU (what the memory panel draws).
+    if history.gpu_indices:
+        return {index: history.gpu(index)[1] for index in history.gpu_indices}
+    return {-1: history.host()[1]} if len(history) else {}
+
+
+def _run_peaks(state: RunState) -> dict[int, float]:
+    record = state.last_record.get("memory") if isinstance(state.last_record.get("memory"), dict) else {}
+    peaks: dict[int, float] = {}
+    if state.run_peak_mib is not None:
+        gpus = [g for g in (record or {}).get("gpus") or () if isinstance(g, dict)]
+        for g in gpus or [{"index": -1}]:
+            peaks[int(g.get("index", -1))] = state.run_peak_mib
+    return peaks
+
+
+def _recent_peaks(state: RunState, count: int = 120) -> tuple[float, ...]:
+    column = state.column(PEAK_MIB)
+    return tuple(v for v in column[-count:] if not math.isnan(v))
+
+
+def _live_status(path: Path, state: RunState) -> str:
+    try:
+        return run_info(path).status
+    except Exception:  # noqa: BLE001 - a half-written run.json must not stop the feed
+        return state.status
+
+
+def _status_pids(run: RunDir) -> list[int]:
+    status = run.read_status()
+    pids = [status.get("child_pid"), status.get("pid")]
+    return [p for p in pids if isinstance(p, int)]
+

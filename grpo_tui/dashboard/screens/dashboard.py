@@ -1,0 +1,285 @@
+"""The live run dashboard: charts, per-GPU memory, phase peaks, progress, log, completions, alerts,
+the chunked-vs-baseline toggle and stop. All reading happens in a thread worker (`DashboardFeed`);
+this screen only draws the views it is sent."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.text import Text
+from textual import on, work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Grid, Horizontal, Vertical
+from textual.message import Message
+from textual.screen import Screen
+from textual.widgets import Footer, Header, Static, TabbedContent, TabPane
+from textual.worker import get_current_worker
+
+from grpo_tui.dashboard.messages import LossImplRequested, StopRequested
+from grpo_tui.runs.listing import LIVE_STATES
+from grpo_tui.dashboard.feed import METRIC_CHARTS, DashboardFeed, DashboardView
+from grpo_tui.dashboard.widgets.alerts_panel import AlertBanner, AlertsPanel
+from grpo_tui.dashboard.widgets.completions_browser import CompletionsBrowser
+from grpo_tui.dashboard.widgets.gpu_memory_panel import GpuMemoryPanel
+from grpo_tui.dashboard.widgets.log_tail import LogTail
+from grpo_tui.dashboard.widgets.loss_impl_toggle import LossImplToggle
+from grpo_tui.dashboard.widgets.metric_chart import MetricChart
+from grpo_tui.dashboard.widgets.phase_peaks import PhasePeaks
+from grpo_tui.dashboard.widgets.progress_panel import STATE_STYLES, ProgressPanel
+from grpo_tui.dashboard.widgets.reward_chart import RewardChart
+
+# Seconds between polls of a run that has ended (its files no longer change; the monitor still samples).
+ENDED_POLL_S = 2.0
+
+
+class DashboardScreen(Screen[None]):
+    """One run, live. Leaving the screen (Escape) leaves the run going."""
+
+    BINDINGS = [
+        Binding("t", "toggle_impl", "Chunked ⇄ baseline", id="dashboard.toggle"),
+        Binding("x", "stop", "Stop run", id="dashboard.stop"),
+        Binding("1", "tab('tab-charts')", "Charts", id="dashboard.tab.charts"),
+        Binding("2", "tab('tab-completions')", "Completions", id="dashboard.tab.completions"),
+        Binding("3", "tab('tab-alerts')", "Alerts", id="dashboard.tab.alerts"),
+        Binding("4", "tab('tab-log')", "Log", id="dashboard.tab.log"),
+        Binding("left_square_bracket", "step(-1)", "◂ step", key_display="[", id="dashboard.step.prev"),
+        Binding("right_square_bracket", "step(1)", "step ▸", key_display="]", id="dashboard.step.next"),
+        Binding("home", "step(-1000000000)", "First step", show=False, id="dashboard.step.first"),
+        Binding("end", "step(1000000000)", "Newest step", show=False, id="dashboard.step.last"),
+        Binding("escape", "leave", "Back", id="dashboard.back"),
+    ]
+
+    @dataclass
+    class FeedUpdated(Message):
+        """A new view from the feed worker; a newer one replaces a queued older one."""
+
+        view: DashboardView
+
+        def can_replace(self, message: Message) -> bool:
+            return isinstance(message, DashboardScreen.FeedUpdated)
+
+    @dataclass
+    class FeedFailed(Message):
+        """The feed could not read the run (one line for the user)."""
+
+        reason: str
+
+    def __init__(self, run_path: Path, poll_interval: float = 0.4) -> None:
+        super().__init__()
+        self.run_path = Path(run_path)
+        self.poll_interval = poll_interval
+        self.view: DashboardView | None = None
+        self.feed: DashboardFeed | None = None
+        self.updates = 0  # views drawn (tests and the benchmark wait on it)
+        self._drawn_generation = -1
+        self._stop_requests = 0
+        self._stop_event = threading.Event()
+        self._alerts_seen: int | None = None
+
+    def compose(self) -> ComposeResult:
+        yield Header()
+        yield Static(id="run-title")
+        with Horizontal(id="dash-main"):
+            with Vertical(id="dash-left"):
+                yield AlertBanner(id="alert-banner")
+                with TabbedContent(id="dash-tabs", initial="tab-charts"):
+                    with TabPane("Charts", id="tab-charts"):
+                        yield RewardChart(id="reward-chart")
+                        with Grid(id="metric-grid"):
+                            for title, _ in METRIC_CHARTS:
+                                yield MetricChart(title, classes="metric-chart")
+                    with TabPane("Completions", id="tab-completions"):
+                        yield CompletionsBrowser(id="completions")
+                    with TabPane("Alerts", id="tab-alerts"):
+                        yield AlertsPanel(id="alerts-list")
+                    with TabPane("Log", id="tab-log"):
+                        yield LogTail(id="log-full")
+            with Vertical(id="dash-right"):
+                with Vertical(id="progress-box", classes="box") as box:
+                    box.border_title = "Progress"
+                    yield ProgressPanel(id="progress")
+                    yield LossImplToggle(id="impl-toggle")
+                with Vertical(id="gpu-box", classes="box") as box:
+                    box.border_title = "Memory"
+                    yield GpuMemoryPanel(id="gpu-panel")
+                with Vertical(id="phases-box", classes="box") as box:
+                    box.border_title = "Peak memory by phase"
+                    yield PhasePeaks(id="phase-peaks")
+                with Vertical(id="log-box", classes="box") as box:
+                    box.border_title = "stdout.log"
+                    yield LogTail(max_lines=200, id="log-tail")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.sub_title = self.run_path.name
+        self.query_one("#run-title", Static).update(Text(f" {self.run_path.name}  loading…", "bold"))
+        self._feed_worker()
+
+    # ---- data ---------------------------------------------------------------------------------
+    @work(thread=True, exclusive=True, group="dashboard-feed", exit_on_error=False)
+    def _feed_worker(self) -> None:
+        worker = get_current_worker()
+        app = self.app
+        feed = DashboardFeed(self.run_path, app.monitor, app.clock)  # type: ignore[attr-defined]
+        self.feed = feed
+        stop = self._stop_event
+        while not worker.is_cancelled:
+            try:
+                view = feed.poll()
+            except Exception as exc:  # noqa: BLE001 - the UI shows why rather than dying
+                self.post_message(self.FeedFailed(f"{type(exc).__name__}: {exc}"))
+                return
+            self.post_message(self.FeedUpdated(view))
+            # The next poll starts only after this one finished (no pile-up on a slow disk); an
+            # ended run changes no more, so it is looked at less often.
+            interval = self.poll_interval if view.status in LIVE_STATES else max(self.poll_interval, ENDED_POLL_S)
+            if stop.wait(interval):
+                return
+
+    def on_dashboard_screen_feed_failed(self, message: FeedFailed) -> None:
+        self.notify(message.reason, title="Cannot read this run", severity="error")
+
+    def on_dashboard_screen_feed_updated(self, message: FeedUpdated) -> None:
+        with self.app.batch_update():  # one frame for the whole view
+            self._draw(message.view)
+        self.updates += 1
+
+    def _draw(self, view: DashboardView) -> None:
+        self.view = view
+        self._draw_title(view)
+        self.query_one(ProgressPanel).show(view.progress)
+        toggle = self.query_one(LossImplToggle)
+        toggle.baseline = view.baseline
+        toggle.set_current(view.loss_impl, view.pending_impl)
+        self.query_one(GpuMemoryPanel).show(view.snapshot, view.history, view.run_peaks, view.rank_pids,
+                                            view.step_peaks)
+        self.query_one(PhasePeaks).show(view.phases, view.switch_label)
+        phases_box = self.query_one("#phases-box")
+        if phases_box.border_subtitle != (view.switch_label or ""):
+            phases_box.border_subtitle = view.switch_label or ""
+        self.query_one(AlertBanner).show(view.active_alerts)
+        self.query_one(AlertsPanel).show(view.alerts)
+        if self._alerts_seen is not None:  # flash what is new (not the history of a run just opened)
+            for alert in view.alerts[self._alerts_seen:]:
+                self.notify(alert.message, title=f"⚠ {alert.kind} at step {alert.step}",
+                            severity="error" if alert.severity == "error" else "warning", timeout=8)
+        self._alerts_seen = len(view.alerts)
+        self._draw_logs(view.log_lines)
+        if view.generation != self._drawn_generation:
+            self._drawn_generation = view.generation
+            self._draw_charts(view)
+        self.query_one(CompletionsBrowser).set_steps(view.completion_steps)
+        if view.status in LIVE_STATES:
+            self.app.live_runs.add(self.run_path)  # type: ignore[attr-defined]
+        else:
+            self.app.live_runs.discard(self.run_path)  # type: ignore[attr-defined]
+
+    def _draw_title(self, view: DashboardView) -> None:
+        alerts = len({a.kind for a in view.active_alerts})
+        title = Text.assemble(
+            (f" {view.run_name} ", "bold"), ("preset ", "dim"), (view.preset or "?", "bold cyan"), "  ",
+            (f"● {view.status}", STATE_STYLES.get(view.status, "bold")),
+            ("   stop requested" if view.stop_requested and view.status in LIVE_STATES else "", "yellow"),
+            (f"   ⚠ {alerts} alert kind(s)" if alerts else "   ✓ no alerts", "yellow" if alerts else "green"),
+            ("   loading the full history…" if view.partial else "", "dim"),
+        )
+        self.query_one("#run-title", Static).update(title, layout=False)  # one line, fixed height
+
+    def _draw_charts(self, view: DashboardView) -> None:
+        charts = view.charts
+        xs, mean, std = charts.reward
+        self.query_one(RewardChart).show_reward(xs, mean, std, charts.funcs, charts.switches)
+        for chart in self.query(".metric-chart").results(MetricChart):
+            cx, cy = charts.metrics.get(chart.title, ([], []))
+            chart.empty_hint = "not logged by this run" if xs else "no data yet"
+            chart.show(cx, cy, charts.switches)
+
+    def _draw_logs(self, lines: tuple[str, ...]) -> None:
+        for log in self.query(LogTail):
+            log.show(lines)
+
+    # ---- actions ------------------------------------------------------------------------------
+    def action_toggle_impl(self) -> None:
+        self.request_impl(self.query_one(LossImplToggle).target_of_toggle())
+
+    @on(LossImplToggle.Toggled)
+    def _toggled(self, event: LossImplToggle.Toggled) -> None:
+        self.request_impl(event.loss_impl)
+
+    def request_impl(self, loss_impl: str) -> None:
+        """Write control.json (atomically) so the trainer switches at its next step boundary."""
+        if self.view is not None and self.view.status not in LIVE_STATES:
+            self.notify(f"The run is {self.view.status}; nothing to switch.", severity="warning")
+            return
+        self._write_request(loss_impl)
+
+    @work(thread=True, group="control")
+    def _write_request(self, loss_impl: str) -> None:
+        from grpo_tui.runs.folder import RunDir
+
+        RunDir(self.run_path).request(loss_impl=loss_impl)
+        self.post_message(LossImplRequested(self.run_path, loss_impl))
+
+    def on_loss_impl_requested(self, message: LossImplRequested) -> None:
+        toggle = self.query_one(LossImplToggle)
+        toggle.set_current(None, message.loss_impl)
+        self.notify(f"Asked the trainer to switch to {message.loss_impl} at the next step.", title="loss.impl")
+
+    def action_stop(self) -> None:
+        from grpo_tui.dashboard.screens.confirm import ConfirmScreen
+
+        if self.view is not None and self.view.status not in LIVE_STATES:
+            self.notify(f"The run is already {self.view.status}.", severity="information")
+            return
+        force = self._stop_requests > 0
+        question = "Kill the run's processes now?" if force else "Stop this run?"
+        detail = ("A stop was already requested: this kills the process group (SIGTERM, then SIGKILL)."
+                  if force else "The trainer stops at its next step boundary; metrics are kept. Press x again to kill it.")
+        self.app.push_screen(ConfirmScreen(question, detail, yes="Kill" if force else "Stop"),
+                             lambda yes: self._stop(force) if yes else None)
+
+    def _stop(self, force: bool) -> None:
+        self._stop_requests += 1
+        self.post_message(StopRequested(self.run_path, force))  # the app does it (it outlives this screen)
+
+    @on(CompletionsBrowser.StepChosen)
+    def _step_chosen(self, event: CompletionsBrowser.StepChosen) -> None:
+        self._load_groups(event.step)
+
+    @work(thread=True, exclusive=True, group="completions")
+    def _load_groups(self, step: int) -> None:
+        # groups() reads completions.jsonl: off the UI thread like every other read.
+        if self.feed is None:
+            return
+        groups = self.feed.completion_groups(step)
+        self.app.call_from_thread(self.query_one(CompletionsBrowser).show_groups, step, groups)
+
+    @on(TabbedContent.TabActivated, "#dash-tabs")
+    def _tab_changed(self, event: TabbedContent.TabActivated) -> None:
+        browser = self.query_one(CompletionsBrowser)
+        if event.pane.id == "tab-completions":
+            browser.shown()
+        else:
+            browser.hidden()
+
+    def action_tab(self, tab: str) -> None:
+        self.query_one(TabbedContent).active = tab
+
+    def action_step(self, delta: int) -> None:
+        self.query_one(TabbedContent).active = "tab-completions"
+        browser = self.query_one(CompletionsBrowser)
+        browser.visible_now = True  # TabActivated arrives after this key
+        browser.move(delta)
+
+    def action_leave(self) -> None:
+        self.dismiss(None)
+
+    def on_unmount(self) -> None:
+        self._stop_event.set()
+        self.workers.cancel_group(self, "dashboard-feed")
+
+
+

@@ -1,0 +1,183 @@
+"""Edit a preset in a form: one input per field, validated as you type by the runner's own schema;
+save as a new user preset."""
+
+from __future__ import annotations
+
+import typing
+from typing import Any, Literal
+
+from pydantic import BaseModel, ValidationError
+from rich.text import Text
+from textual import on
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, VerticalScroll
+from textual.screen import Screen
+from textual.widgets import Footer, Header, Input, Label, Select, Static, Switch
+
+from grpo_tui.config import schema, store
+from grpo_tui.config.schema import PRESET_NAME_RE, Preset, format_errors
+
+# Sections edited field by field; `name`/`description` sit at the top of the form.
+SECTIONS = ("model", "data", "rewards", "grpo", "loss", "peft", "distributed", "logging")
+
+
+def _literal_choices(annotation: Any) -> tuple[Any, ...] | None:
+    for arg in (annotation, *typing.get_args(annotation)):
+        if typing.get_origin(arg) is Literal:
+            return typing.get_args(arg)
+    return None
+
+
+def _is_bool(annotation: Any) -> bool:
+    return annotation is bool
+
+
+def _text_of(value: Any) -> str:
+    """Form text of a value: lists comma-separated, reward specs as name=weight."""
+    if value is None:
+        return ""
+    if isinstance(value, list):
+        return ", ".join(f"{v['name']}={v['weight']}" if isinstance(v, dict) else str(v) for v in value)
+    return str(value)
+
+
+def _value_of(text: str, current: Any, dotted: str) -> Any:
+    """Turn form text back into data for pydantic (which then coerces and validates it)."""
+    text = text.strip()
+    if dotted == "rewards.functions":
+        specs = []
+        for part in filter(None, (p.strip() for p in text.split(","))):
+            name, _, weight = part.partition("=")
+            specs.append({"name": name.strip(), "weight": weight.strip() or 1.0})
+        return specs
+    if isinstance(current, list):
+        return [p.strip() for p in text.split(",") if p.strip()]
+    if text == "":
+        return "" if isinstance(current, str) else None
+    return text
+
+
+class PresetEditorScreen(Screen[str | None]):
+    """The form; dismisses with the saved preset's name (None when cancelled)."""
+
+    BINDINGS = [
+        Binding("ctrl+s", "save", "Save as user preset", priority=True, id="editor.save"),
+        Binding("escape", "cancel", "Cancel", id="editor.cancel"),
+        # q outside a text field must not quit the app and lose the form.
+        Binding("q", "hold_quit", "Quit (after the editor)", show=False, id="editor.quit"),
+    ]
+
+    def __init__(self, preset: Preset) -> None:
+        super().__init__()
+        self.preset = preset
+        self.data = preset.model_dump(mode="json")
+        self.valid: Preset | None = preset
+        self.hints: dict[str, str] = {}  # widget id -> the field's description, shown when valid
+
+    def compose(self) -> ComposeResult:
+        yield Header()
+        with VerticalScroll(id="editor-form"):
+            yield Static(Text.assemble(("Editing ", "dim"), (self.preset.name, "bold"),
+                                       ("  ·  values are checked as you type; ctrl+s saves a new user preset", "dim")))
+            yield from self._row("name", "name (new preset)", f"{self.preset.name}-custom", str)
+            yield from self._row("description", "description", self.preset.description, str)
+            for section in SECTIONS:
+                model: type[BaseModel] = type(getattr(self.preset, section))
+                yield Label(Text(f"[{section}]"), classes="form-section")  # Text: brackets are not markup
+                for key, field in model.model_fields.items():
+                    dotted = f"{section}.{key}"
+                    yield from self._row(dotted, key, self.data[section][key], field.annotation,
+                                         field.description or "")
+        yield Static(id="editor-status")
+        yield Footer()
+
+    def _row(self, dotted: str, label: str, value: Any, annotation: Any, hint: str = "") -> ComposeResult:
+        widget_id = "f-" + dotted.replace(".", "--")
+        with Horizontal(classes="form-row"):
+            yield Label(label, classes="form-label")
+            choices = _literal_choices(annotation)
+            if _is_bool(annotation):
+                yield Switch(value=bool(value), id=widget_id, classes="form-field")
+            elif choices is not None and not isinstance(value, list):
+                options = [(str(c), c) for c in choices]
+                yield Select(options, value=value, allow_blank=False, id=widget_id, classes="form-field")
+            else:
+                yield Input(_text_of(value), id=widget_id, classes="form-field", tooltip=hint or None)
+            self.hints[widget_id] = hint
+            yield Label(Text(hint, "dim"), id=f"err-{widget_id}", classes="form-error")
+
+    def _collect(self) -> dict[str, Any]:
+        data = self.preset.model_dump(mode="json")
+        data["name"] = self.query_one("#f-name", Input).value.strip()
+        data["description"] = self.query_one("#f-description", Input).value
+        for section in SECTIONS:
+            for key, current in data[section].items():
+                widget = self.query_one(f"#f-{section}--{key}")
+                if isinstance(widget, Switch):
+                    data[section][key] = widget.value
+                elif isinstance(widget, Select):
+                    data[section][key] = widget.value
+                elif isinstance(widget, Input):
+                    data[section][key] = _value_of(widget.value, current, f"{section}.{key}")
+        return data
+
+    def validate_form(self) -> list[str]:
+        """Validate everything; put each error beside its field; return all error lines."""
+        for label in self.query(".form-error"):
+            label.update(Text(self.hints.get(str(label.id)[4:], ""), "dim"))  # type: ignore[attr-defined]
+        self.valid = None
+        data = self._collect()
+        errors: list[str] = []
+        try:
+            self.valid = Preset.model_validate(data)
+        except ValidationError as exc:
+            errors = format_errors(exc)
+            for item, line in zip(exc.errors(), errors):
+                loc = [str(p) for p in item["loc"] if not isinstance(p, int)]
+                for depth in (2, 1):  # a reward spec's error belongs to rewards.functions
+                    target = self.query(f"#err-f-{'--'.join(loc[:depth])}")
+                    if target:
+                        target.first().update(Text(line.split(": ", 1)[-1], "red"))  # type: ignore[attr-defined]
+                        break
+        name = data["name"]
+        # The schema already checks the name's characters; a clash with a built-in is ours to refuse.
+        if PRESET_NAME_RE.match(name or "") and any(e.name == name and e.origin == "built-in" for e in store.list_presets()):
+            errors.append(f"name: {name!r} is a built-in preset; pick a new name")
+            self.query_one("#err-f-name", Label).update(Text("a built-in has this name", "red"))
+        status = self.query_one("#editor-status", Static)
+        if errors:
+            status.update(Text(f"✗ {len(errors)} problem(s): " + errors[0], "red"))
+        else:
+            status.update(Text("✓ valid — ctrl+s saves it as a user preset", "green"))
+        return errors
+
+    @on(Input.Changed)
+    @on(Select.Changed)
+    @on(Switch.Changed)
+    def _changed(self) -> None:
+        self.validate_form()
+
+    def on_mount(self) -> None:
+        self.sub_title = f"Edit {self.preset.name}"
+        self.validate_form()
+        self.query_one("#f-name", Input).focus()
+
+    def action_save(self) -> None:
+        errors = self.validate_form()
+        if errors or self.valid is None:
+            self.notify(errors[0] if errors else "invalid preset", title="Not saved", severity="error")
+            return
+        try:
+            path = store.save_user_preset(self.valid, self.valid.name)
+        except schema.PresetError as exc:
+            self.notify(exc.lines[0], title="Not saved", severity="error")
+            return
+        self.notify(f"Saved {path}", title=f"Preset {self.valid.name}")
+        self.dismiss(self.valid.name)
+
+    def action_hold_quit(self) -> None:
+        self.notify("Save with ctrl+s or leave with Esc first; then q quits.", severity="warning")
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)

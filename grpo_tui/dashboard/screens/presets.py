@@ -1,0 +1,222 @@
+"""The start screen: presets on the left, the selected one's fields and launch command on the right,
+the runs found in the runs folder below."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.table import Table
+from rich.text import Text
+from textual import on, work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.screen import Screen
+from textual.widgets import DataTable, Footer, Header, OptionList, Static
+from textual.widgets.option_list import Option
+
+from grpo_tui.config import schema, store
+from grpo_tui.config.schema import Preset
+from grpo_tui.dashboard.widgets.runs_table import RunsTable
+
+
+def preset_fields_table(preset: Preset) -> Table:
+    """Every field of `preset` by section; values that differ from the schema default are bold."""
+    default = Preset().model_dump(mode="json")
+    data = preset.model_dump(mode="json")
+    table = Table(box=None, expand=True, show_header=False, pad_edge=False, padding=(0, 1))
+    table.add_column("key", style="dim", no_wrap=True, ratio=2)
+    table.add_column("value", ratio=5, overflow="fold")
+    for section, values in data.items():
+        if not isinstance(values, dict):
+            continue
+        table.add_row(Text(f"[{section}]", style="bold cyan"), "")
+        for key, value in values.items():
+            changed = default.get(section, {}).get(key) != value
+            table.add_row(f"  {key}", Text(_show(value), style="bold" if changed else ""))
+    return table
+
+
+def _show(value: object) -> str:
+    if isinstance(value, list) and value and isinstance(value[0], dict):
+        return ", ".join(f"{v.get('name')}×{v.get('weight')}" for v in value)
+    if isinstance(value, list):
+        return ", ".join(str(v) for v in value) or "[]"
+    return "—" if value is None else str(value)
+
+
+def launch_preview(preset: Preset, runs_dir: Path) -> str:
+    """The exact command the runner will launch for this preset (run folder name filled at start)."""
+    from grpo_tui.launch import command as launch
+
+    run_dir = _relative(Path(runs_dir).resolve() / f"<YYYYmmdd-HHMMSS>-{preset.name}")
+    return launch.format_command(launch.build_launch_command(preset, run_dir), launch.launch_env(preset))
+
+
+def _relative(path: Path, base: Path | None = None) -> Path:
+    # Shorter to read; the runner passes the absolute form of the same path.
+    try:
+        return path.relative_to(base or Path.cwd())
+    except ValueError:
+        return path
+
+
+class PresetScreen(Screen[None]):
+    """Pick a preset and start it; `e` edits, Enter/`s` starts, the runs table re-attaches."""
+
+    BINDINGS = [
+        Binding("s", "start", "Start", id="presets.start"),
+        Binding("enter", "enter", "Start / open", priority=True, id="presets.enter"),
+        Binding("e", "edit", "Edit", id="presets.edit"),
+        Binding("r", "runs", "Runs", id="presets.runs"),
+        Binding("c", "compare", "Compare", id="presets.compare"),
+        Binding("f5", "reload", "Reload", id="presets.reload"),
+    ]
+
+    def __init__(self, select: str | None = None) -> None:
+        super().__init__()
+        self._select = select or store.DEFAULT_PRESET
+        self.entries: list[store.PresetEntry] = []
+        self.presets: dict[str, Preset] = {}
+        self.errors: dict[str, list[str]] = {}
+
+    def compose(self) -> ComposeResult:
+        yield Header()
+        with Horizontal(id="presets-top"):
+            with Vertical(id="preset-list-box", classes="box") as box:
+                box.border_title = "Presets"
+                yield OptionList(id="preset-list")
+            with Vertical(id="preset-detail-box", classes="box") as box:
+                box.border_title = "Preset"
+                with VerticalScroll(id="preset-detail-scroll"):
+                    yield Static(id="preset-description")
+                    yield Static(id="preset-checks")
+                    yield Static(id="preset-fields")
+                with Vertical(id="preset-command-box") as cmd:
+                    cmd.border_title = "Command that will run"
+                    yield Static(id="preset-command")
+        with Vertical(id="runs-box", classes="box") as box:
+            box.border_title = f"Runs in {self.app.runs_dir}"  # type: ignore[attr-defined]
+            yield RunsTable(id="runs-table")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.sub_title = "Presets"
+        self.load_presets()
+        self.query_one("#preset-list", OptionList).focus()
+
+    def load_presets(self) -> None:
+        """Read every preset (they are small TOML files); invalid ones stay listed with their errors."""
+        self.entries = store.list_presets()
+        self.presets.clear()
+        self.errors.clear()
+        for entry in self.entries:
+            try:
+                self.presets[entry.name] = store.load_preset_file(entry.path)
+            except schema.PresetError as exc:
+                self.errors[entry.name] = exc.lines
+        options = self.query_one("#preset-list", OptionList)
+        options.clear_options()
+        for entry in self.entries:
+            label = Text.assemble((entry.name, "bold" if entry.name in self.presets else "red"),
+                                  ("  " + entry.origin, "dim"))
+            options.add_option(Option(label, id=entry.name))
+        names = [e.name for e in self.entries]
+        if names:
+            options.highlighted = names.index(self._select) if self._select in names else 0
+
+    @property
+    def selected_name(self) -> str | None:
+        options = self.query_one("#preset-list", OptionList)
+        if options.highlighted is None or not self.entries:
+            return None
+        return self.entries[options.highlighted].name
+
+    @property
+    def selected_preset(self) -> Preset | None:
+        name = self.selected_name
+        return self.presets.get(name) if name else None
+
+    @on(OptionList.OptionHighlighted, "#preset-list")
+    def _show_selected(self, event: OptionList.OptionHighlighted) -> None:
+        name = str(event.option.id)
+        self._select = name
+        entry = next(e for e in self.entries if e.name == name)
+        box = self.query_one("#preset-detail-box")
+        box.border_title = f"{name} · {entry.origin}"
+        box.border_subtitle = str(_relative(entry.path, store.BUILTIN_DIR.parent))
+        preset = self.presets.get(name)
+        if preset is None:
+            self.query_one("#preset-description", Static).update(Text("This preset does not validate:", "bold red"))
+            self.query_one("#preset-fields", Static).update(Text("\n".join(self.errors.get(name, [])), "red"))
+            self.query_one("#preset-checks", Static).update("")
+            self.query_one("#preset-command", Static).update("")
+            return
+        self.query_one("#preset-description", Static).update(Text(preset.description or "(no description)", "italic"))
+        self.query_one("#preset-fields", Static).update(preset_fields_table(preset))
+        app = self.app
+        runs_dir = app.runs_dir if app.runs_dir_given else Path(preset.logging.runs_dir)  # type: ignore[attr-defined]
+        self.query_one("#preset-command", Static).update(Text(launch_preview(preset, runs_dir)))
+        self.query_one("#preset-checks", Static).update(Text("checking…", "dim"))
+        self._check(preset)
+
+    @work(thread=True, exclusive=True, group="preset-check")
+    def _check(self, preset: Preset) -> None:
+        # Checks may import the reward registry or query NVML: keep them off the UI thread.
+        from grpo_tui.config import checks
+
+        result = checks.check_preset(preset)
+        lines = [Text("✗ " + e, "red") for e in result.errors] + [Text("• " + n, "dim") for n in result.notes]
+        text = Text("\n").join(lines) if lines else Text("✓ all pre-launch checks pass", "green")
+        self.app.call_from_thread(self.query_one("#preset-checks", Static).update, text)
+
+    def on_data_table_row_selected(self) -> None:
+        # Enter is the screen's (priority) binding, so this comes from a mouse click on a run's row.
+        self.app.action_open_run(self.query_one(RunsTable))  # type: ignore[attr-defined]
+
+    def on_screen_resume(self) -> None:
+        # Back from a dashboard or the editor: runs may have started or ended meanwhile.
+        self.query_one(RunsTable).refresh_runs()
+        self.query_one("#runs-box").border_title = f"Runs in {self.app.runs_dir}"  # type: ignore[attr-defined]
+
+    def action_enter(self) -> None:
+        focused = self.focused
+        if isinstance(focused, DataTable):
+            self.app.action_open_run(focused)  # type: ignore[attr-defined]
+        else:
+            self.action_start()
+
+    def action_start(self) -> None:
+        name = self.selected_name
+        if name is None:
+            return
+        preset = self.presets.get(name)
+        if preset is None:
+            self.notify("\n".join(self.errors.get(name, ["invalid preset"])), title=f"{name} is invalid",
+                        severity="error")
+            return
+        self.app.start_preset(preset)  # type: ignore[attr-defined]
+
+    def action_edit(self) -> None:
+        from grpo_tui.dashboard.screens.preset_editor import PresetEditorScreen
+
+        preset = self.selected_preset
+        if preset is None:
+            self.notify("Pick a valid preset to edit (invalid files: fix them in an editor).", severity="warning")
+            return
+        self.app.push_screen(PresetEditorScreen(preset), self._after_edit)
+
+    def _after_edit(self, saved_name: str | None) -> None:
+        if saved_name:
+            self._select = saved_name
+            self.load_presets()
+
+    def action_runs(self) -> None:
+        self.app.action_show_runs()  # type: ignore[attr-defined]
+
+    def action_compare(self) -> None:
+        self.app.action_compare()  # type: ignore[attr-defined]
+
+    def action_reload(self) -> None:
+        self.load_presets()
+        self.query_one(RunsTable).refresh_runs()

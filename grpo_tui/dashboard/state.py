@@ -1,0 +1,428 @@
+"""The run model behind the dashboard: every logged step of one run, as growable columns.
+
+`RunState` is a plain model (no Textual, no torch) fed by metrics records (`apply`). It keeps every
+point (never truncated); charts ask `downsample` for a drawable subset that keeps the shape.
+`load_run` opens a run folder (config.toml + all of metrics.jsonl) and leaves `state.tail`
+positioned at the end, so a worker thread can `state.tail.read_new()` and hand the records to the
+UI thread, which calls `state.apply(records)`: the model is only ever mutated on one thread.
+
+`scan_runs` (from runlist, re-exported here) lists run folders for the runs screen quickly.
+Column extraction and downsampling live in `series`.
+"""
+
+from __future__ import annotations
+
+import math
+import mmap
+import operator
+import os
+import statistics
+from array import array
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from itertools import compress
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from grpo_tui.runs.metrics import PHASES, MetricsTail, parse_lines, as_float, as_int
+from grpo_tui.runs.listing import SCAN_TAIL_BYTES, RunInfo, pid_alive, read_config, run_info, scan_runs, stream_status
+from grpo_tui.dashboard.series import (
+    NAN,
+    bucket_pair,
+    downsample,
+    downsample_indices,
+    extract_columns,
+    floats,
+    memory_columns,
+    nan_to,
+    nanmax,
+    nans,
+)
+
+# Re-exported: the dashboard imports these from here.
+__all__ = ["NAN", "PEAK_MIB", "TOKENS_PER_S", "Progress", "RunEvent", "RunInfo", "RunState", "SCAN_TAIL_BYTES",
+           "downsample", "downsample_indices", "load_recent", "load_run", "phase_series", "pid_alive", "read_config",
+           "run_info", "scan_runs"]
+
+# Step records' keys that are not metrics (never become series).
+NON_SERIES_KEYS = frozenset({"v", "step", "event", "loss_impl", "memory", "pid", "rank", "local_rank", "device"})
+# Steps over which ETA and recent step time are estimated.
+ETA_WINDOW = 20
+# Bytes of metrics.jsonl parsed and applied at a time by load_run.
+LOAD_BLOCK_BYTES = 1024 * 1024
+# Bytes from the end of metrics.jsonl that load_recent parses (~1,000 steps of TRL metrics).
+RECENT_BYTES = 1024 * 1024
+
+# Derived series names (beside TRL's own metric names).
+TOKENS_PER_S = "tokens_per_s"
+PEAK_MIB = "memory/peak_mib"
+ALLOCATED_MIB = "memory/allocated_mib"
+RESERVED_MIB = "memory/reserved_mib"
+RSS_MIB = "memory/rss_mib"
+
+
+def phase_series(phase: str) -> str:
+    """Series name of a phase's per-step peak MiB (phase in metrics.PHASES)."""
+    return f"memory/phases/{phase}"
+
+
+@dataclass(frozen=True)
+class RunEvent:
+    """A non-step record: start, finish, error, oom, loss_impl_switch, stop_requested, control_error, ..."""
+
+    kind: str
+    step: int | None
+    time: float | None
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+class Progress(NamedTuple):
+    step: int
+    max_steps: int | None
+    elapsed_s: float
+    eta_s: float | None
+
+
+class RunState:
+    """Every step of one run as columns of floats (NaN where a step lacks a metric).
+
+    Args:
+        max_steps: The run's `[grpo] max_steps` (a start event's `max_steps` also sets it).
+        preset: The preset name, for titles and comparisons.
+        loss_impl: The configured loss implementation (each step record's `loss_impl` wins).
+    """
+
+    def __init__(self, max_steps: int | None = None, preset: str = "", loss_impl: str = "") -> None:
+        self.max_steps = max_steps
+        self.preset = preset
+        self.loss_impl = loss_impl
+        self.steps = array("d")
+        self._cols: dict[str, array] = {}
+        self.step_impls: list[str] = []  # loss_impl of each step ("" when not logged)
+        self.events: list[RunEvent] = []
+        self.pid_gpu: dict[int, int | None] = {}  # each rank's pid -> local GPU index (None on CPU)
+        self.pid_rank: dict[int, int] = {}
+        self.start_time: float | None = None
+        self.last_time: float | None = None
+        self.last_record: dict[str, Any] = {}
+        self.phase_peaks: dict[str, float] = {}  # max so far per phase
+        self.phase_peaks_before_switch: dict[str, float] = {}  # from the previous switch (or start) to the latest
+        self.phase_peaks_since_switch: dict[str, float] = {}  # since the latest switch (or start)
+        self.run_peak_mib: float | None = None
+        self.tail: MetricsTail | None = None
+        self.partial = False  # True when built by load_recent: only the newest steps are loaded
+        self._ds_cache: dict[tuple[str, int], tuple[int, list[list[int]], list[int]]] = {}
+        self.run_dir: Path | None = None
+
+    # ---- feeding -------------------------------------------------------------------------------
+    def apply(self, records: Iterable[dict[str, Any]]) -> bool:
+        """Add records (steps and events) in file order; True when anything changed."""
+        batch: list[dict[str, Any]] = []
+        changed = False
+        for record in records:
+            if "event" in record:
+                if batch:  # keep file order between steps and events (switch peaks depend on it)
+                    self._apply_steps(batch)
+                    batch = []
+                self._apply_event(record)
+                changed = True
+            elif isinstance(record.get("step"), (int, float)) and math.isfinite(record["step"]):
+                batch.append(record)  # a step record without a usable step number is skipped
+        if batch:
+            self._apply_steps(batch)
+            changed = True
+        return changed
+
+    def _apply_event(self, record: dict[str, Any]) -> None:
+        kind = str(record.get("event"))
+        step, when = as_int(record.get("step")), as_float(record.get("time"))
+        data = {k: v for k, v in record.items() if k not in ("v", "event", "step", "time")}
+        self.events.append(RunEvent(kind, step, when, data))
+        if when is not None:
+            self.last_time = when if self.last_time is None else max(self.last_time, when)
+        if kind == "start":
+            if self.start_time is None and when is not None:
+                self.start_time = when
+            if self.max_steps is None and as_int(record.get("max_steps")):
+                self.max_steps = as_int(record.get("max_steps"))
+            if not self.loss_impl and record.get("loss_impl"):
+                self.loss_impl = str(record["loss_impl"])
+            self._map_pids(record)
+        elif kind == "loss_impl_switch":
+            self.phase_peaks_before_switch = dict(self.phase_peaks_since_switch)
+            self.phase_peaks_since_switch = {}
+            if record.get("to"):
+                self.loss_impl = str(record["to"])
+
+    def _map_pids(self, record: dict[str, Any]) -> None:
+        entries = record.get("ranks") if isinstance(record.get("ranks"), list) else [record]
+        for entry in entries:
+            if not isinstance(entry, dict) or as_int(entry.get("pid")) is None:
+                continue
+            pid = int(entry["pid"])
+            self.pid_gpu[pid] = _gpu_index(entry.get("device"), entry.get("local_rank"))
+            if as_int(entry.get("rank")) is not None:
+                self.pid_rank[pid] = int(entry["rank"])
+
+    def _apply_steps(self, recs: list[dict[str, Any]]) -> None:
+        n0, n = len(self.steps), len(recs)
+        self.steps.extend(floats([r["step"] for r in recs]))
+        keys = sorted(set().union(*recs) - NON_SERIES_KEYS)
+        columns = extract_columns(recs, keys)
+        for key, values in zip(keys, columns):
+            col = self._cols.get(key)
+            if col is None:
+                col = self._cols[key] = nans(n0)
+            col.extend(values)
+        for col in self._cols.values():  # series this batch did not carry
+            if len(col) < n0 + n:
+                col.extend(nans(n0 + n - len(col)))
+        self._apply_memory(recs, n0)
+        self._derive_tokens_per_s(n0)
+        self.step_impls.extend(str(r.get("loss_impl", "")) for r in recs)
+        if self.step_impls[-1]:
+            self.loss_impl = self.step_impls[-1]
+        times = self._cols.get("time")
+        if times is not None:
+            last = times[-1]
+            if not math.isnan(last):
+                self.last_time = last if self.last_time is None else max(self.last_time, last)
+            if self.start_time is None and not math.isnan(times[0]):
+                self.start_time = times[0] - nan_to(self._cols.get("step_time", [NAN])[0], 0.0)
+        self.last_record = recs[-1]
+
+    def _apply_memory(self, recs: list[dict[str, Any]], n0: int) -> None:
+        batch = memory_columns(recs)
+        names = (PEAK_MIB, ALLOCATED_MIB, RESERVED_MIB, RSS_MIB, *(phase_series(p) for p in PHASES))
+        for name, values in zip(names, batch):
+            col = self._cols.setdefault(name, nans(n0))
+            del col[n0:]  # drop the NaN backfill _apply_steps gave every known column
+            col.extend(values)
+        for phase, values in zip(PHASES, batch[4:]):
+            top = nanmax(values)
+            if top is not None:
+                for peaks in (self.phase_peaks, self.phase_peaks_since_switch):
+                    if top > peaks.get(phase, -math.inf):
+                        peaks[phase] = top
+        top = nanmax(batch[0])
+        if top is not None and (self.run_peak_mib is None or top > self.run_peak_mib):
+            self.run_peak_mib = top
+
+    def _derive_tokens_per_s(self, n0: int) -> None:
+        # TRL logs num_tokens cumulatively: throughput is its delta over the step time (or the
+        # wall-clock delta between records when step_time is missing).
+        out = self._cols.setdefault(TOKENS_PER_S, nans(n0))
+        del out[n0:]  # drop the NaN backfill _apply_steps gave every known column
+        tokens, step_time, times = (self._cols.get(k) for k in ("num_tokens", "step_time", "time"))
+        for i in range(len(out), len(self.steps)):
+            value = NAN
+            if tokens is not None and i > 0 and not math.isnan(tokens[i]) and not math.isnan(tokens[i - 1]):
+                dt = step_time[i] if step_time is not None else NAN
+                if (math.isnan(dt) or dt <= 0) and times is not None:
+                    dt = times[i] - times[i - 1]
+                if dt > 0:
+                    value = (tokens[i] - tokens[i - 1]) / dt
+            out.append(value)
+
+    # ---- reading -------------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self.steps)
+
+    @property
+    def last_step(self) -> int:
+        return int(self.steps[-1]) if self.steps else 0
+
+    def series_names(self) -> list[str]:
+        """Metrics with at least one value."""
+        return sorted(name for name, col in self._cols.items() if not all(map(math.isnan, col)))
+
+    def has_series(self, name: str) -> bool:
+        return name in self._cols
+
+    def column(self, name: str) -> array:
+        """The raw column aligned with `steps` (NaN where missing); empty when unknown."""
+        return self._cols.get(name, array("d"))
+
+    def series(self, name: str) -> tuple[list[float], list[float]]:
+        """(steps, values) of a metric, all points, skipping steps where it is missing."""
+        col = self._cols.get(name)
+        if col is None:
+            return [], []
+        if not math.isnan(sum(col)):  # the usual case: nothing missing, copy at C speed
+            return list(self.steps), list(col)
+        keep = list(map(operator.not_, map(math.isnan, col)))  # C-level passes, no Python loop
+        return list(compress(self.steps, keep)), list(compress(col, keep))
+
+    def downsampled(self, name: str, max_points: int, *also: str) -> tuple[list[float], ...]:
+        """(steps, values, *values of `also`) at at most `max_points` shape-keeping points of `name`.
+
+        Like `downsample` (each bucket keeps its min and max; the first and last points are kept), but
+        with power-of-two buckets aligned on the first step and cached per series: completed buckets
+        never change, so a live run's redraw costs the new points, not the whole history. `also`
+        series are taken at the same steps (e.g. reward_std for the reward band; NaN where missing).
+        """
+        col = self._cols.get(name)
+        if col is None or max_points < 4:
+            return ([], [], *([] for _ in also))
+        idx = self._downsample_idx(name, col, max_points)
+        steps, others = self.steps, [self._cols.get(a) for a in also]
+        return ([steps[i] for i in idx], [col[i] for i in idx],
+                *([o[i] for i in idx] if o is not None else [NAN] * len(idx) for o in others))
+
+    def _downsample_idx(self, name: str, col: array, max_points: int) -> list[int]:
+        n, buckets = len(col), (max_points - 2) // 2
+        width = 1
+        while -(-n // width) > buckets:
+            width *= 2
+        cache = self._ds_cache.get((name, max_points))
+        if cache is None or cache[0] != width:
+            cache = self._ds_cache[(name, max_points)] = (width, [], [0])
+        _, pairs, done = cache
+        while (done[0] + 1) * width <= n:  # complete buckets not yet summarised
+            pairs.append(bucket_pair(col, done[0] * width, (done[0] + 1) * width))
+            done[0] += 1
+        idx = [i for pair in pairs for i in pair] + bucket_pair(col, done[0] * width, n)
+        last = next((i for i in range(n - 1, -1, -1) if not math.isnan(col[i])), None)
+        if last is None:
+            return []
+        first = next(i for i in range(n) if not math.isnan(col[i]))
+        if not idx or idx[0] != first:
+            idx.insert(0, first)
+        if idx[-1] != last:
+            idx.append(last)
+        return idx
+
+    def last(self, name: str) -> float | None:
+        """The latest non-missing value of a metric."""
+        col = self._cols.get(name)
+        if col is None:
+            return None
+        for value in reversed(col):
+            if not math.isnan(value):
+                return value
+        return None
+
+    @property
+    def reward_functions(self) -> list[str]:
+        """Reward function names found as `rewards/<name>/mean`."""
+        return sorted(k[len("rewards/"):-len("/mean")] for k in self._cols
+                      if k.startswith("rewards/") and k.endswith("/mean"))
+
+    def events_of(self, *kinds: str) -> list[RunEvent]:
+        return [e for e in self.events if e.kind in kinds]
+
+    @property
+    def switch_steps(self) -> list[int]:
+        """Steps at which the loss implementation was switched (for chart markers)."""
+        return [e.step for e in self.events if e.kind == "loss_impl_switch" and e.step is not None]
+
+    @property
+    def status(self) -> str:
+        """From the stream alone: finished, failed (error / oom), stopped (stop then finish) or running."""
+        return stream_status([(e.kind, e.data) for e in self.events])
+
+    def median_step_time(self, last: int | None = None) -> float | None:
+        """Median of `step_time` (or of time deltas between steps) over the last `last` steps (all if None)."""
+        start = 0 if last is None else max(0, len(self.steps) - last - 1)  # only the tail: cheap on long runs
+        values = [v for v in self._cols.get("step_time", array("d"))[start:] if not math.isnan(v)]
+        if not values:
+            times = [t for t in self._cols.get("time", array("d"))[start:] if not math.isnan(t)]
+            values = [b - a for a, b in zip(times, times[1:]) if b > a]
+        if last is not None:
+            values = values[-last:]
+        return statistics.median(values) if values else None
+
+    def progress(self, now: float | None = None) -> Progress:
+        """Step, max_steps, elapsed seconds (to `now` while live, else to the last record) and ETA."""
+        step = self.last_step
+        end = now if now is not None and self.status == "running" else self.last_time
+        elapsed = max(0.0, end - self.start_time) if end is not None and self.start_time is not None else 0.0
+        eta = None
+        per_step = self.median_step_time(ETA_WINDOW)
+        if self.max_steps is not None and per_step is not None and self.status == "running":
+            eta = max(0, self.max_steps - step) * per_step
+        elif self.status != "running":
+            eta = 0.0
+        return Progress(step, self.max_steps, elapsed, eta)
+
+
+def _new_state(root: Path) -> RunState:
+    config = read_config(root)
+    grpo, loss = config.get("grpo", {}), config.get("loss", {})
+    state = RunState(max_steps=as_int(grpo.get("max_steps")), preset=str(config.get("name", "")),
+                     loss_impl=str(loss.get("impl", "")))
+    state.run_dir = root
+    return state
+
+
+def load_run(run_dir: str | os.PathLike[str], block_bytes: int = LOAD_BLOCK_BYTES) -> RunState:
+    """A RunState with the run's config and every complete record of its metrics.jsonl.
+
+    The file is read and applied in blocks (so a long run never holds all its records as dicts at
+    once). `state.tail` is left after the last complete line, ready for incremental reads of a live
+    run (a partial last line is read again once its newline arrives).
+    """
+    root = Path(run_dir)
+    state = _new_state(root)
+    path = root / "metrics.jsonl"
+    consumed = 0
+    try:
+        with open(path, "rb") as handle:
+            pending = b""
+            while block := handle.read(block_bytes):
+                data = pending + block
+                cut = data.rfind(b"\n") + 1
+                pending = data[cut:]
+                if cut:
+                    state.apply(parse_lines(data[:cut].split(b"\n")[:-1]))
+                    consumed += cut
+    except FileNotFoundError:
+        pass
+    state.tail = MetricsTail(path, offset=consumed)
+    return state
+
+
+def load_recent(run_dir: str | os.PathLike[str], recent_bytes: int = RECENT_BYTES) -> RunState:
+    """A quick first look at a long run: every event, but only the steps in the last `recent_bytes`.
+
+    For a dashboard to draw within a fraction of a second while `load_run` reads the whole history
+    (100,000 steps take about a second). Events before the window are found by a byte search (no
+    JSON parse of the steps around them), so switches, the start record (pid -> GPU) and failures
+    are all known; per-phase peaks and series cover the window only. `state.partial` is True and
+    `state.tail` continues after the last complete line, like load_run's.
+    """
+    root = Path(run_dir)
+    state = _new_state(root)
+    path = root / "metrics.jsonl"
+    try:
+        with open(path, "rb") as handle:
+            # mapped, not read: the byte searches below touch the file without copying 100 MB
+            data = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) if os.fstat(handle.fileno()).st_size else b""
+    except FileNotFoundError:
+        data = b""
+    end = data.rfind(b"\n") + 1
+    start = data.rfind(b"\n", 0, max(0, end - recent_bytes)) + 1 if end > recent_bytes else 0
+    events, pos = [], data.find(b'"event"', 0, start)
+    while pos >= 0:  # the lines before the window that name an event
+        lo, hi = data.rfind(b"\n", 0, pos) + 1, data.find(b"\n", pos)
+        events.append(data[lo:hi])
+        pos = data.find(b'"event"', hi, start)
+    state.apply(r for r in parse_lines(events) if "event" in r)
+    state.apply(parse_lines(data[start:end].split(b"\n")[:-1]))
+    state.partial = start > 0
+    state.tail = MetricsTail(path, offset=end)
+    if isinstance(data, mmap.mmap):
+        data.close()
+    return state
+
+
+def _gpu_index(device: Any, local_rank: Any) -> int | None:
+    """GPU index from a start record's device ("cuda:1", "cuda", 1) or local_rank; None on CPU."""
+    if isinstance(device, int) and not isinstance(device, bool):
+        return device
+    if isinstance(device, str):
+        if device.startswith("cuda"):
+            _, _, idx = device.partition(":")
+            return int(idx) if idx.isdigit() else as_int(local_rank) or 0
+        return None
+    return as_int(local_rank)

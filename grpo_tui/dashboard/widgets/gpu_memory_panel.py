@@ -1,0 +1,128 @@
+"""Per-GPU memory, nvitop style: one row per GPU with a used/total bar, a history sparkline,
+utilisation, temperature, power, this run's processes and the run's peak. Without NVML: host RAM
+and CPU, saying so."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+from textual.widgets import Static
+
+from grpo_tui.dashboard.widgets.bars import bar, mib, sparkline
+
+
+def _na(value: float | None, fmt: str) -> str:
+    return "n/a" if value is None else fmt.format(value)
+
+
+class GpuMemoryPanel(Static):
+    """Draws a monitor snapshot; the owner keeps the history (ring buffers) and the run's peaks."""
+
+    DEFAULT_CSS = """
+    GpuMemoryPanel { height: auto; }
+    """
+
+    def show(self, snapshot: Any, history: Mapping[int, Sequence[float]] | None = None,
+             run_peaks: Mapping[int, float] | None = None, rank_pids: Mapping[int, int] | None = None,
+             step_peaks: Sequence[float] = ()) -> None:
+        """Draw `snapshot` (a monitor.MonitorSnapshot).
+
+        Args:
+            snapshot: The latest sample (None before the first one).
+            history: Used MiB per GPU index (oldest first), or host RAM under key -1.
+            run_peaks: This run's peak MiB per GPU index from the metrics stream (-1: host RSS).
+            rank_pids: pid -> rank, to label this run's processes.
+            step_peaks: The run's peak MiB of each recent step (from the metrics stream).
+        """
+        panel = render_panel(snapshot, history or {}, run_peaks or {}, rank_pids or {}, self.size.width)
+        if step_peaks and isinstance(panel, Group):
+            width = max(10, self.size.width - 30)
+            recent = step_peaks[-width:]
+            lo, hi = min(recent), max(recent)
+            # Scaled over the recent range (a creep of a few percent must show), floored at 0 when flat.
+            bottom = lo if hi - lo > 0.01 * hi else 0.0
+            panel.renderables.append(Text.assemble(
+                ("peak/step ", "dim"), sparkline(recent, width, hi, bottom), (f" {lo:.0f}–{hi:.0f} MiB", "dim")))
+        # Relayout the screen only when the panel's shape can have changed (GPU count, note, width).
+        shape = (len(getattr(panel, "renderables", ())), getattr(snapshot, "note", None), self.size.width)
+        self.update(panel, layout=shape != getattr(self, "_shape", None))
+        self._shape = shape
+
+    def on_resize(self) -> None:
+        self.refresh()
+
+
+def render_panel(snapshot: Any, history: Mapping[int, Sequence[float]], run_peaks: Mapping[int, float],
+                 rank_pids: Mapping[int, int], width: int) -> Group | Text:
+    """The panel as a Rich renderable (a function so tests and the compare view can reuse it)."""
+    if snapshot is None:
+        return Text("sampling…", "dim")
+    width = max(width, 40)
+    spark_w = max(10, width - 48)
+    bar_w = max(10, width - 40)
+    if not snapshot.gpus:
+        peak = max(run_peaks.values()) if run_peaks else None
+        return _host_panel(snapshot, history.get(-1, ()), peak, bar_w, spark_w)
+    rows = []
+    for gpu in snapshot.gpus:
+        used, total = gpu.memory_used_mib, gpu.memory_total_mib
+        frac = (used or 0) / total if total else 0.0
+        head = Text.assemble((f"GPU{gpu.index} ", "bold"), ((gpu.name or "unknown GPU")[:width - 8], "dim"))
+        line1 = Text.assemble(bar(frac, bar_w), " ", (f"{mib(used)}/{mib(total)}", "bold"), f" {frac:4.0%}")
+        util = Text.assemble(
+            ("util ", "dim"), _na(gpu.utilization_pct, "{:3.0f}%"),
+            ("  temp ", "dim"), _na(gpu.temperature_c, "{:.0f}°C"),
+            ("  power ", "dim"), _na(gpu.power_w, "{:.0f} W"),
+        )
+        line2 = Text.assemble(sparkline(history.get(gpu.index, ()), spark_w, total), "  ", util)
+        procs = [p for p in gpu.processes if p.pid in rank_pids] or list(gpu.processes)[:3]
+        parts = []
+        for proc in procs:
+            rank = rank_pids.get(proc.pid)
+            label = f"rank{rank} " if rank is not None else ""
+            parts.append(Text.assemble((f"{label}pid {proc.pid}", "magenta"), " → ", mib(proc.used_mib)))
+        peak = run_peaks.get(gpu.index)
+        line3 = Text.assemble(("run: ", "dim"), Text(", ").join(parts) if parts else ("no process of this run", "dim"),
+                              ("   peak ", "dim"), (mib(peak), "bold yellow"))
+        rows.extend([head, line1, line2, line3])
+    return Group(*rows)
+
+
+def _host_panel(snapshot: Any, history: Sequence[float], rss_peak: float | None, bar_w: int, spark_w: int) -> Group:
+    host = snapshot.host
+    note = snapshot.note or "NVML not available"
+    if "host" not in note:
+        note += " — showing host RAM and CPU"
+    frac = (host.ram_used_mib or 0) / host.ram_total_mib if host.ram_total_mib else 0.0
+    return Group(
+        Text.assemble(("No GPU · ", "bold yellow"), (note, "yellow")),
+        Text.assemble(("RAM  ", "bold"), bar(frac, bar_w), " ", (f"{mib(host.ram_used_mib)}/{mib(host.ram_total_mib)}", "bold")),
+        Text.assemble(("     ", ""), sparkline(history, spark_w, host.ram_total_mib), ("  CPU ", "dim"),
+                      _na(host.cpu_pct, "{:3.0f}%")),
+        Text.assemble(("run: ", "dim"), ("RSS ", "dim"), mib(sum(host.process_rss_mib.values()) or None),
+                      ("   peak ", "dim"),
+                      (mib(rss_peak), "bold yellow")),
+    )
+
+
+def phase_table(peaks: Mapping[str, Mapping[str, float | None]], switch: str | None) -> Table:
+    """Per-phase peak MiB: last step, run peak, and before/after the loss-impl switch when there is one."""
+    table = Table(box=None, expand=True, pad_edge=False, header_style="bold")
+    table.add_column("phase")
+    table.add_column("last", justify="right")
+    table.add_column("peak", justify="right")
+    if switch:
+        table.add_column("before", justify="right")
+        table.add_column("after", justify="right")
+    top = max((v.get("peak") or 0 for v in peaks.values()), default=0)
+    for phase, v in peaks.items():
+        style = "bold yellow" if top and v.get("peak") == top else ""
+        row = [phase, mib(v.get("last")), Text(mib(v.get("peak")), style)]
+        if switch:
+            row += [mib(v.get("before")), mib(v.get("after"))]
+        table.add_row(*row)
+    return table

@@ -1,0 +1,57 @@
+"""One metric against the step; the loss-impl switch steps are vertical rules."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from rich.text import Text
+from textual.strip import Strip
+from textual.widget import Widget
+
+from grpo_tui.dashboard.widgets.braille import Series, render_chart
+
+LINE = "rgb(95,175,255)"
+
+
+class MetricChart(Widget):
+    """A line chart of one series; `show` replaces what is drawn (it never appends)."""
+
+    DEFAULT_CSS = """
+    MetricChart { width: 1fr; height: 1fr; min-height: 6; }
+    """
+
+    def __init__(self, title: str, *, id: str | None = None, classes: str | None = None) -> None:  # noqa: A002
+        super().__init__(id=id, classes=classes)
+        self.title = title
+        self.xs: list[float] = []
+        self.ys: list[float] = []
+        self.switches: list[float] = []
+        self.empty_hint = "no data yet"  # the dashboard says "not logged" once the run has steps
+
+    def show(self, xs: Sequence[float], ys: Sequence[float], switches: Sequence[float] = ()) -> None:
+        """Draw `ys` over `xs` (already downsampled by the caller) with a rule at each switch."""
+        self.xs, self.ys, self.switches = list(xs), list(ys), list(switches)
+        self.refresh()
+
+    def chart_title(self) -> Text:
+        last = f" {self.ys[-1]:.4g}" if self.ys else ""
+        return Text.assemble((self.title, "bold"), (last, "bold rgb(95,175,255)"))
+
+    def series(self) -> list[Series]:
+        return [Series(self.xs, self.ys, LINE)]
+
+    def refresh(self, *regions, **kwargs):  # type: ignore[no-untyped-def,override]
+        self._strips = None  # new data or size: draw again on the next render_line
+        return super().refresh(*regions, **kwargs)
+
+    def render_line(self, y: int) -> Strip:
+        # Line API: the chart becomes strips once per change, skipping Textual's Content conversion.
+        width, height = self.size
+        if getattr(self, "_strips", None) is None or getattr(self, "_strips_size", None) != (width, height):
+            text = render_chart(self.series(), width, height, title=self.chart_title(),
+                                switches=self.switches, empty=self.empty_hint)
+            console, base = self.app.console, self.rich_style  # base: the widget's colours from CSS
+            self._strips = [Strip(list(line.render(console))).adjust_cell_length(width).apply_style(base)
+                            for line in text.split("\n", allow_blank=True)]
+            self._strips_size = (width, height)
+        return self._strips[y] if y < len(self._strips) else Strip.blank(width, self.rich_style)

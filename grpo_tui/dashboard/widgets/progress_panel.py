@@ -1,0 +1,47 @@
+"""Step / max_steps with a bar, elapsed, ETA, speed and the current loss implementation."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rich.console import Group
+from rich.text import Text
+from textual.widgets import Static
+
+from grpo_tui.dashboard.feed import ProgressInfo
+from grpo_tui.dashboard.widgets.bars import bar
+
+STATE_STYLES = {"running": "bold green", "starting": "bold cyan", "finished": "bold blue",
+                "failed": "bold red", "stopped": "bold yellow", "submitted": "cyan"}
+
+
+def duration(seconds: float | None) -> str:
+    """Seconds as h:mm:ss (or m:ss); n/a when unknown."""
+    if seconds is None or seconds != seconds or seconds < 0:
+        return "n/a"
+    s = int(round(seconds))
+    h, rem = divmod(s, 3600)
+    m, sec = divmod(rem, 60)
+    return f"{h}:{m:02d}:{sec:02d}" if h else f"{m}:{sec:02d}"
+
+
+class ProgressPanel(Static):
+    DEFAULT_CSS = """
+    ProgressPanel { height: auto; }
+    """
+
+    def show(self, info: ProgressInfo) -> None:
+        total = info.max_steps or 0
+        frac = info.step / total if total else 0.0
+        head = Text.assemble((f"● {info.state}", STATE_STYLES.get(info.state, "bold")), "  step ",
+                             (f"{info.step}", "bold"), f"/{total or '?'}  ")
+        width = max(8, self.size.width - head.cell_len - 6)  # one line: head, bar, " 100%"
+        line1 = Text.assemble(head, bar(frac, width, "dodger_blue1"), f" {frac:4.0%}")
+        speed = f"{info.steps_per_s:.2f}" if info.steps_per_s else "n/a"
+        line2 = Text.assemble(("elapsed ", "dim"), duration(info.elapsed_s), ("   ETA ", "dim"),
+                              (duration(info.eta_s) if info.state == "running" else "—", "bold"),
+                              ("   steps/s ", "dim"), speed)
+        # Always two lines: no relayout of the screen unless the width changed.
+        shape = self.size.width
+        self.update(Group(line1, line2), layout=shape != getattr(self, "_shape", None))
+        self._shape = shape

@@ -1,0 +1,312 @@
+"""Run folders, the supervisor around the accelerate subprocess, detached start and stop.
+
+The supervisor (`supervise`) is the one piece that starts the trainer: in the foreground (`grpo-tui
+run --headless`) it runs in this process; for the TUI it runs as `python -m grpo_tui.cli supervise
+RUN_DIR` in its own session (`spawn_detached`), so closing the app leaves the run going. Either way
+the trainer runs in its own process group, its output goes to stdout.log, and run.json records
+pids, status and the exit code.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable, TextIO
+
+from grpo_tui.config.checks import check_preset
+from grpo_tui.launch.command import build_launch_command, launch_env, per_node_commands, write_accelerate_config
+from grpo_tui.runs.metrics import MetricsTail
+from grpo_tui.config.overrides import apply_overrides
+from grpo_tui.config.schema import PresetError
+from grpo_tui.config.store import dump_preset
+from grpo_tui.config.schema import Preset
+from grpo_tui.launch.progress import ProgressPrinter
+from grpo_tui.runs.failures import failure_reason
+from grpo_tui.runs.listing import SUBMITTED, pid_alive, submitted_status, tail_records
+from grpo_tui.runs.folder import RunDir, read_json
+
+# Seconds between SIGTERM and SIGKILL when a process group is killed.
+KILL_GRACE_S = 5.0
+# How often the supervisor polls the child and the metrics file.
+POLL_S = 0.2
+ACTIVE_STATES = ("starting", "running")
+STOP_HINT = "stopping at the next step boundary (Ctrl-C again to kill)"
+
+
+def prepare_run(
+    preset: Preset, overrides: list[str] | None = None, runs_dir: Path | str | None = None, check: bool = True
+) -> RunDir:
+    """Create runs/<timestamp>-<preset>/ with config.toml, accelerate.yaml, command.json and run.json.
+
+    Raises PresetError (one line per problem) for bad overrides or failed cross-field checks.
+    """
+    preset = apply_overrides(preset, overrides or [])
+    preset = _absolute_paths(preset, runs_dir)
+    if check:
+        result = check_preset(preset)
+        if result.errors:
+            raise PresetError(result.errors)
+    run = RunDir.create(Path(preset.logging.runs_dir), preset.name)
+    run.config.write_text(dump_preset(preset), encoding="utf-8")
+    write_accelerate_config(preset, run.accelerate_config)
+    command: dict[str, Any] = {
+        "argv": build_launch_command(preset, run.path),
+        "env": launch_env(preset),
+        "cwd": os.getcwd(),
+    }
+    if preset.distributed.num_machines > 1:
+        command["per_node"] = per_node_commands(preset, run.path)
+    run.command.write_text(json.dumps(command, indent=1) + "\n", encoding="utf-8")
+    run.update_status(preset=preset.name, status="starting", created=time.time())
+    return run
+
+
+def _absolute_paths(preset: Preset, runs_dir: Path | str | None) -> Preset:
+    """Resolve paths the trainer reads: it may run with another working directory."""
+    logging = preset.logging.model_copy(update={"runs_dir": str(Path(runs_dir or preset.logging.runs_dir).resolve())})
+    update: dict[str, Any] = {"logging": logging}
+    source = Path(preset.data.source).expanduser()
+    if not preset.data.source.startswith("builtin:") and source.exists():
+        update["data"] = preset.data.model_copy(update={"source": str(source.resolve())})
+    model = Path(preset.model.name_or_path).expanduser()
+    if not preset.model.name_or_path.startswith("builtin:") and model.exists():
+        update["model"] = preset.model.model_copy(update={"name_or_path": str(model.resolve())})
+    return preset.model_copy(update=update)
+
+
+class Supervisor:
+    """Starts the trainer for a prepared run folder, waits for it, and records the outcome."""
+
+    def __init__(self, run: RunDir, on_records: Callable[[list[dict[str, Any]]], None] | None = None) -> None:
+        self.run = run
+        self.on_records = on_records
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.killed = False
+        self._kill_lock = threading.Lock()
+
+    def start(self) -> None:
+        command = read_json(self.run.command) or {}
+        argv = command.get("argv")
+        if not isinstance(argv, list) or not argv:
+            raise PresetError([f"{self.run.command}: no launch command recorded"])
+        env = {**os.environ, **{str(k): str(v) for k, v in (command.get("env") or {}).items()}}
+        cwd = command.get("cwd") if command.get("cwd") and Path(command["cwd"]).is_dir() else None
+        me = _process_identity(os.getpid())
+        self.run.update_status(status="starting", pid=os.getpid(), pid_started=me, started=time.time())
+        if self.killed:  # killed before it started: start nothing
+            raise OSError("the run was killed before the trainer started")
+        with open(self.run.stdout, "ab") as log:
+            # Own session = own process group: a terminal's Ctrl-C reaches only us, and one killpg
+            # reaches every rank accelerate starts.
+            self.proc = subprocess.Popen(
+                [str(a) for a in argv], stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                env=env, cwd=cwd, start_new_session=True,
+            )
+        child = self.proc.pid
+        self.run.update_status(
+            status="running", child_pid=child, child_started=_process_identity(child), pgid=child
+        )
+
+    def wait(self) -> int:
+        """Wait for the trainer; returns this command's exit code and writes the final status."""
+        assert self.proc is not None, "start() first"
+        tail = MetricsTail(self.run.metrics)
+        while True:
+            try:
+                code = self.proc.wait(timeout=POLL_S)
+                break
+            except subprocess.TimeoutExpired:
+                pass
+            finally:
+                if self.on_records is not None:
+                    self.on_records(tail.read_new())
+        return self._finish(code)
+
+    def _finish(self, code: int) -> int:
+        control = read_json(self.run.control) or {}
+        stop_requested = bool(control.get("stop"))
+        fields: dict[str, Any] = {"ended": time.time(), "exit_code": code}
+        if code == 0:
+            status, result = ("stopped" if stop_requested else "finished"), 0
+            fields["reason"] = "stopped on request" if stop_requested else None
+        elif self.killed or (stop_requested and control.get("kill")):
+            status, result = "stopped", _shell_code(code)
+            fields["reason"] = "killed on request before the trainer finished"
+        else:
+            status, result = "failed", _shell_code(code)
+            fields["reason"] = failure_reason(self.run.metrics, self.run.stdout, code)
+        self.run.update_status(status=status, **fields)
+        return result
+
+    def request_stop(self) -> None:
+        self.run.request(stop=True)
+
+    def kill(self, grace: float = KILL_GRACE_S) -> None:
+        """SIGTERM the trainer's process group, SIGKILL it after `grace` seconds if still there."""
+        with self._kill_lock:
+            self.killed = True
+            if self.proc is None or self.proc.poll() is not None:
+                return
+            proc = self.proc
+        _terminate_group(proc.pid, lambda: proc.poll() is None, grace)
+
+
+def _shell_code(code: int) -> int:
+    """A child killed by signal N (Popen's -N) exits 128 + N, as a shell reports it."""
+    return 128 - code if code < 0 else code
+
+
+def _terminate_group(pgid: int, still_there: Callable[[], bool], grace: float) -> None:
+    """SIGTERM the process group, wait up to `grace` seconds while `still_there()`, then SIGKILL it."""
+    _signal_group(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and still_there():
+        time.sleep(0.05)
+    # The leader may be gone while ranks linger: the group still gets the final signal.
+    _signal_group(pgid, signal.SIGKILL)
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def supervise(run_dir: Path, echo: TextIO | None = None, interactive: bool = False) -> int:
+    """Run the trainer of a prepared folder to the end; the body of `run` and of a detached run.
+
+    With `echo`, progress lines go there. With `interactive`, the first SIGINT asks for a graceful
+    stop and the second kills; otherwise SIGINT and SIGTERM kill at once (a detached supervisor is
+    only signalled by someone who wants it gone). SIGHUP always kills: the terminal is gone.
+    """
+    run = RunDir(Path(run_dir).resolve())
+    printer: ProgressPrinter | None = None
+    if echo is not None:
+        printer = ProgressPrinter(run.load_preset().grpo.max_steps, echo)
+    supervisor = Supervisor(run, printer.feed if printer else None)
+    interrupts = 0
+    killers: list[threading.Thread] = []
+
+    def on_interrupt(signum: int, frame: object) -> None:
+        nonlocal interrupts
+        interrupts += 1
+        if interactive and signum == signal.SIGINT and interrupts == 1:
+            supervisor.request_stop()
+            if echo is not None:
+                print(STOP_HINT, file=echo, flush=True)
+            return
+        if echo is not None:
+            print("killing the run's process group", file=echo, flush=True)
+        # Off the signal handler: kill() sleeps through the grace period.
+        killers.append(threading.Thread(target=supervisor.kill, daemon=True))
+        killers[-1].start()
+
+    previous = _install_handlers(on_interrupt)
+    try:
+        try:
+            supervisor.start()
+        except OSError as exc:  # the interpreter or launcher could not be started at all
+            status = "stopped" if supervisor.killed else "failed"
+            run.update_status(status=status, ended=time.time(), exit_code=None, reason=f"cannot start the trainer: {exc}")
+            print(f"run {status}: cannot start the trainer: {exc}", file=sys.stderr, flush=True)
+            return 1
+        code = supervisor.wait()
+        # The launcher may exit before its ranks: let the kill reach its final SIGKILL.
+        for killer in killers:
+            killer.join(KILL_GRACE_S + 1.0)
+    finally:
+        _restore_handlers(previous)
+    if printer is not None and echo is not None:
+        status = run.read_status()
+        print(printer.summary(str(status.get("status"))), file=echo, flush=True)
+        if status.get("status") == "failed" and status.get("reason"):
+            print(f"run failed: {status['reason']}", file=sys.stderr, flush=True)
+    return code
+
+
+def _install_handlers(handler: Callable[[int, object], None]) -> dict[int, Any]:
+    previous = {}
+    if threading.current_thread() is not threading.main_thread():
+        return previous  # signals can only be handled in the main thread
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        previous[sig] = signal.signal(sig, handler)
+    return previous
+
+
+def _restore_handlers(previous: dict[int, Any]) -> None:
+    for sig, handler in previous.items():
+        signal.signal(sig, handler)
+
+
+def run_foreground(run_dir: Path, headless: bool = True, out: TextIO | None = None) -> int:
+    """Supervise in this process, printing progress (headless) to `out` (stdout by default)."""
+    echo = (out or sys.stdout) if headless else None
+    if echo is not None:
+        print(f"run folder: {run_dir}", file=echo, flush=True)
+    return supervise(Path(run_dir), echo=echo, interactive=True)
+
+
+def spawn_detached(run_dir: Path) -> int:
+    """Start `python -m grpo_tui.cli supervise RUN_DIR` in its own session; returns its pid."""
+    run = RunDir(Path(run_dir).resolve())
+    with open(run.stdout, "ab") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "grpo_tui.cli", "supervise", str(run.path)],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+    # Reap it when it ends, so a long-lived parent (the TUI) keeps no zombie around. The supervisor
+    # records its own pid in run.json (writing it here too would race with its updates).
+    threading.Thread(target=proc.wait, daemon=True).start()
+    return proc.pid
+
+
+def stop_run(run_dir: Path, force: bool = False, grace: float = KILL_GRACE_S) -> str:
+    """Ask a run to stop at its next step boundary; with `force`, kill its process group.
+
+    Returns a one-line description of what was done.
+    """
+    run = RunDir(Path(run_dir).resolve())
+    if not force:
+        run.request(stop=True)
+        return f"{run.name}: stop requested; the trainer stops at its next step boundary"
+    run.request(stop=True, kill=True)
+    status = run.read_status()
+    pgid, child = status.get("pgid"), status.get("child_pid")
+    if not isinstance(pgid, int) or not _same_process(child, status.get("child_started")):
+        return f"{run.name}: no live trainer process recorded; nothing to kill"
+    _terminate_group(pgid, lambda: _same_process(child, status.get("child_started")), grace)
+    return f"{run.name}: process group {pgid} killed"
+
+
+def _process_identity(pid: int) -> float | None:
+    """The process's start time: with the pid, it tells a live process from a reused pid."""
+    try:
+        import psutil
+
+        return psutil.Process(pid).create_time()
+    except Exception:  # psutil missing or the process already gone
+        return None
+
+
+def _same_process(pid: Any, started: Any) -> bool:
+    """`pid` is alive and was created at `started` (run.json's record), not a later process reusing the id."""
+    identity = float(started) if isinstance(started, (int, float)) else None
+    return pid_alive(pid, identity)
+
+
+def effective_status(run: RunDir) -> dict[str, Any]:
+    """run.json, with an active status whose supervisor is gone shown as failed (reason says why)."""
+    status = run.read_status()
+    if status.get("status") == SUBMITTED:
+        return {**status, "status": submitted_status(tail_records(run.metrics))}
+    if status.get("status") in ACTIVE_STATES and "pid" in status:
+        if not _same_process(status.get("pid"), status.get("pid_started")):
+            status = {**status, "status": "failed", "reason": "the supervisor process is gone (killed or crashed)"}
+    return status

@@ -1,0 +1,87 @@
+"""Failure wording shared by the trainer, the supervisor and the dashboard: one line per failure.
+
+Lives in the run-folder layer so that the trainer (which writes the events) and the UI (which shows
+them) use the same words without importing each other.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+from pathlib import Path
+from typing import Any
+
+from grpo_tui.runs.metrics import read_records
+
+# What to try when a phase runs out of memory, in the order that usually helps most.
+OOM_ADVICE = (
+    "try a smaller grpo.per_device_batch_size (with more grpo.gradient_accumulation_steps), "
+    "loss.impl=chunked, or LoRA (peft.enabled=true)"
+)
+# Launcher wrappers whose "error" only says that the child failed: the cause is further up.
+_WRAPPER_ERRORS = ("CalledProcessError", "ChildFailedError")
+_EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit))(:.*)?$")
+
+
+# The rollout's own knobs, for the phases they bound (the loss and optimizer phases hold one micro-batch).
+OOM_PHASE_ADVICE = {
+    "generation": "set grpo.generation_sub_batch (generate fewer completions at a time), or ",
+    "scoring": "set grpo.scoring_sub_batch (score fewer sequences per forward), or ",
+}
+
+
+def oom_message(phase: str | None, step: int | None) -> str:
+    """The one line for running out of memory: where, and what to try (the trainer's event says the same)."""
+    where = f"the {phase} phase" if phase else "an unknown phase"
+    advice = OOM_PHASE_ADVICE.get(phase or "", "") + OOM_ADVICE
+    return f"out of memory in {where} at step {'?' if step is None else step}: {advice}"
+
+
+def failure_reason(metrics_path: Path, stdout_path: Path, exit_code: int | None = None) -> str:
+    """One line: the last error/oom event of the metrics stream, else the cause found in stdout.log.
+
+    A negative `exit_code` (killed by that signal, as Popen reports it) is said when no event explains it.
+    """
+    for record in reversed(read_records(metrics_path)):
+        if record.get("event") == "oom":
+            return oom_message(record.get("phase"), record.get("step"))
+        if record.get("event") == "error":
+            return _error_text(record)
+    if exit_code is not None and exit_code < 0:
+        name = _signal_name(-exit_code)
+        hint = " (the system may have run out of host memory)" if name == "SIGKILL" else ""
+        return f"the trainer was killed by {name}{hint}"
+    return _log_reason(stdout_path)
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def _error_text(record: dict[str, Any]) -> str:
+    kind = record.get("type") or "error"
+    message = record.get("message") or ""
+    text = f"{kind}: {message}" if message else str(kind)
+    return one_line(text)
+
+
+def _log_reason(stdout_path: Path) -> str:
+    try:
+        lines = stdout_path.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return "the trainer exited without output"
+    lines = [line.strip() for line in lines if line.strip()]
+    for line in reversed(lines):
+        match = _EXCEPTION_LINE.match(line)
+        if match and not match.group(1).endswith(_WRAPPER_ERRORS):
+            return one_line(line)
+    return one_line(lines[-1]) if lines else "the trainer exited without output"
+
+
+def one_line(text: str, limit: int = 300) -> str:
+    """`text` on one line (whitespace runs become one space), cut to `limit` characters."""
+    flat = " ".join(str(text).split())
+    return flat if len(flat) <= limit else flat[: limit - 3] + "..."

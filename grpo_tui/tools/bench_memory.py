@@ -1,0 +1,329 @@
+"""End-to-end memory benchmarks through the real runner: `grpo-tui bench memory` and `grpo-tui max-batch`.
+
+Each trial is a fresh `grpo-tui run PRESET --headless` subprocess (so allocator state never leaks
+between trials) with `--set` overrides for the batch and the loss implementation; the numbers come
+from the run's own metrics stream (per-phase peaks, step time) and its `oom` event.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from grpo_tui.train.phase_memory import MEMORY_CAP_ENV
+from grpo_tui.runs.metrics import PHASES, read_records, step_records
+from grpo_tui.config.schema import LOSS_IMPLS
+
+MIB_PER_GIB = 1024.0
+
+
+@dataclass
+class Trial:
+    """One short run of one preset at one batch size and one loss implementation."""
+
+    impl: str
+    batch: int
+    ok: bool
+    peak_gib: float | None = None
+    phases_gib: dict[str, float] = field(default_factory=dict)
+    step_s: float | None = None
+    oom_phase: str | None = None
+    reason: str = ""
+    run_dir: str = ""
+    wall_s: float = 0.0
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated integers, e.g. 8,16,32") from None
+    if not values or any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected positive integers, e.g. 8,16,32")
+    return values
+
+
+def _impl_list(text: str) -> list[str]:
+    impls = [v.strip() for v in text.split(",") if v.strip()]
+    bad = [v for v in impls if v not in LOSS_IMPLS]
+    if bad or not impls:
+        raise argparse.ArgumentTypeError(f"{text!r}: allowed implementations are {', '.join(LOSS_IMPLS)}")
+    return impls
+
+
+def _summarise(run_dir: Path) -> tuple[dict[str, float], float | None, float | None, dict[str, Any] | None]:
+    """Per-phase peaks (max over steps, GiB), whole-step peak, median step time and the oom event."""
+    records = read_records(run_dir / "metrics.jsonl")
+    steps = step_records(records)
+    oom = next((r for r in records if r.get("event") == "oom"), None)
+    phases: dict[str, float] = {}
+    for record in steps:
+        for name, mib in ((record.get("memory") or {}).get("phases") or {}).items():
+            if isinstance(mib, (int, float)):
+                phases[name] = max(phases.get(name, 0.0), mib / MIB_PER_GIB)
+    peaks = [
+        gpu.get("peak_mib", 0.0) / MIB_PER_GIB
+        for record in steps
+        for gpu in (record.get("memory") or {}).get("gpus") or []
+    ]
+    peak = max(peaks + list(phases.values()), default=None)
+    times = [r["step_time"] for r in steps if isinstance(r.get("step_time"), (int, float))]
+    # The first step carries compilation and allocator warm-up: leave it out when there are more.
+    step_s = statistics.median(times[1:] or times) if times else None
+    return phases, peak, step_s, oom
+
+
+def run_trial(
+    preset: str,
+    impl: str,
+    batch: int,
+    *,
+    steps: int,
+    runs_dir: Path,
+    extra_sets: list[str],
+    memory_cap_gib: float | None = None,
+    timeout_s: float = 1800.0,
+) -> Trial:
+    """Run PRESET for `steps` steps at per-device batch `batch` with loss.impl `impl`, in a fresh process."""
+    argv = [
+        sys.executable, "-m", "grpo_tui.cli", "run", preset, "--headless", "--runs-dir", str(runs_dir),
+        "--set", f"loss.impl={impl}",
+        "--set", f"grpo.per_device_batch_size={batch}",
+        "--set", f"grpo.max_steps={steps}",
+        "--set", "logging.save_steps=0",
+    ]
+    for item in extra_sets:
+        argv += ["--set", item]
+    env = dict(os.environ)
+    if memory_cap_gib is not None:
+        env[MEMORY_CAP_ENV] = str(memory_cap_gib)
+    before = {p.name for p in runs_dir.iterdir()} if runs_dir.exists() else set()
+    start = time.perf_counter()
+    try:
+        proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout_s)
+        code, tail = proc.returncode, (proc.stderr.strip() or proc.stdout.strip()).splitlines()[-1:] or [""]
+    except subprocess.TimeoutExpired:
+        code, tail = -1, [f"timed out after {timeout_s:.0f} s"]
+    wall = time.perf_counter() - start
+    new = sorted(p for p in runs_dir.iterdir() if p.name not in before) if runs_dir.exists() else []
+    run_dir = new[-1] if new else None
+    trial = Trial(impl=impl, batch=batch, ok=code == 0, reason="" if code == 0 else tail[0], wall_s=round(wall, 1))
+    if run_dir is not None:
+        trial.run_dir = str(run_dir)
+        phases, peak, step_s, oom = _summarise(run_dir)
+        trial.phases_gib = {k: round(v, 3) for k, v in phases.items()}
+        trial.peak_gib = None if peak is None else round(peak, 3)
+        trial.step_s = None if step_s is None else round(step_s, 4)
+        if oom is not None:
+            trial.ok = False
+            trial.oom_phase = str(oom.get("phase"))
+    return trial
+
+
+def _environment() -> dict[str, Any]:
+    info: dict[str, Any] = {"python": platform.python_version(), "host": platform.node()}
+    try:
+        import torch
+
+        info["torch"] = torch.__version__
+        info["gpu"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none (CPU)"
+    except Exception as exc:  # the benchmark must still write its results
+        info["torch"] = f"unavailable: {exc}"
+    for name in ("transformers", "trl", "triton", "accelerate", "peft"):
+        try:
+            info[name] = __import__(name).__version__
+        except Exception:
+            info[name] = None
+    return info
+
+
+def _table(trials: list[Trial]) -> str:
+    head = "| impl | batch | peak GiB | " + " | ".join(f"{p} GiB" for p in PHASES) + " | step s | status |"
+    rows = [head, "|" + "---|" * (len(PHASES) + 5)]
+    for t in trials:
+        cells = [t.impl, str(t.batch), _fmt(t.peak_gib)] + [_fmt(t.phases_gib.get(p)) for p in PHASES]
+        cells += [_fmt(t.step_s), "ok" if t.ok else f"OOM in {t.oom_phase}" if t.oom_phase else "failed"]
+        rows.append("| " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+def _fmt(value: float | None) -> str:
+    return "—" if value is None else f"{value:.2f}"
+
+
+def plot_memory(trials: list[Trial], path: Path, title: str) -> bool:
+    """Peak memory vs batch, one line per impl (the seed's figure). Returns False without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=120)
+    # Distinct markers and dashes: implementations with equal peaks would otherwise hide each other.
+    styles = {"chunked": ("o", "-", 7), "naive": ("s", "-", 6), "trl": ("x", "--", 9)}
+    for impl in sorted({t.impl for t in trials}):
+        pts = sorted((t.batch, t.peak_gib) for t in trials if t.impl == impl and t.ok and t.peak_gib)
+        marker, dash, size = styles.get(impl, ("o", "-", 6))
+        if pts:
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=marker, ls=dash, ms=size, label=impl)
+        for t in trials:
+            if t.impl == impl and not t.ok:
+                ax.axvline(t.batch, ls=":", lw=0.8, color="grey")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("per-device batch (completions)")
+    ax.set_ylabel("whole-step peak allocated (GiB)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return True
+
+
+def _common_parser(prog: str, description: str) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser.add_argument("preset", help="preset name or path to a .toml")
+    parser.add_argument("--impl", type=_impl_list, default=list(LOSS_IMPLS), help="e.g. chunked,naive,trl")
+    parser.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                        help="extra preset overrides for every trial")
+    parser.add_argument("--steps", type=int, default=2, help="steps per trial (default 2)")
+    parser.add_argument("--out", type=Path, default=Path("bench-results"), help="folder for JSON/markdown/PNG")
+    parser.add_argument("--runs-dir", type=Path, default=None, help="where trial runs go (default OUT/runs)")
+    return parser
+
+
+def _write(out: Path, stem: str, payload: dict[str, Any], table: str) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{stem}.json").write_text(json.dumps(payload, indent=1))
+    (out / f"{stem}.md").write_text(table + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`grpo-tui bench memory PRESET --batch 8,16,32 --impl chunked,naive,trl`."""
+    parser = _common_parser("grpo-tui bench memory", "Peak memory per phase vs batch size, per loss implementation.")
+    parser.add_argument("--batch", type=_int_list, default=[8, 16, 32, 64, 128], help="per-device batches")
+    args = parser.parse_args(argv)
+    _checked_or_exit(parser, args.preset, args.sets)
+    runs_dir = (args.runs_dir or args.out / "runs").resolve()
+    command = "grpo-tui bench memory " + shlex.join(argv if argv is not None else sys.argv[1:])
+    environment = _environment()
+    trials: list[Trial] = []
+    for batch in args.batch:
+        for impl in args.impl:
+            trial = run_trial(args.preset, impl, batch, steps=args.steps, runs_dir=runs_dir, extra_sets=args.sets)
+            trials.append(trial)
+            print(f"{impl:8s} batch {batch:4d}: peak {_fmt(trial.peak_gib)} GiB, step {_fmt(trial.step_s)} s"
+                  f"{'' if trial.ok else ' — ' + (trial.oom_phase and 'OOM in ' + trial.oom_phase or trial.reason)}",
+                  flush=True)
+            # Written after every trial: a long sweep cut short still leaves its results.
+            payload = {"command": command, "environment": environment, "records": [asdict(t) for t in trials]}
+            _write(args.out, "e2e", payload, _table(trials))
+    table = _table(trials)
+    plot_memory(trials, args.out / "e2e-memory.png", f"{args.preset}: peak memory vs batch")
+    print(table)
+    return 0 if any(t.ok for t in trials) else 1
+
+
+def find_max_batch(try_batch, step: int, start: int, limit: int) -> tuple[int, list[int]]:
+    """Largest multiple of `step` in [step, limit] for which `try_batch(b)` is True (monotone: fits below, OOM above).
+
+    Doubles from `start` until a failure, then bisects between the last success and the failure.
+    Returns (best, tried) with best 0 when even `step` fails.
+    """
+    tried: list[int] = []
+
+    def ok(b: int) -> bool:
+        tried.append(b)
+        return try_batch(b)
+
+    lo, hi = 0, None  # lo: largest known good; hi: smallest known bad
+    b = max(step, (start // step) * step)
+    while b <= limit:
+        if ok(b):
+            lo, b = b, b * 2
+        else:
+            hi = b
+            break
+    if hi is None:
+        return lo, tried
+    if lo == 0 and hi > step:
+        lo_probe = step
+        if not ok(lo_probe):
+            return 0, tried
+        lo = lo_probe
+    while hi - lo > step:
+        mid = ((lo + hi) // 2 // step) * step
+        if mid <= lo:
+            break
+        if ok(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo, tried
+
+
+def max_batch_main(argv: list[str] | None = None) -> int:
+    """`grpo-tui max-batch PRESET [--memory-cap GiB] [--impl chunked,naive]`."""
+    parser = _common_parser("grpo-tui max-batch", "Largest per-device batch that completes a step without OOM.")
+    parser.add_argument("--memory-cap", type=float, default=None, metavar="GiB",
+                        help="cap this process's GPU memory to emulate a smaller card")
+    parser.add_argument("--start", type=int, default=16, help="first batch tried (default 16)")
+    parser.add_argument("--limit", type=int, default=4096, help="largest batch tried (default 4096)")
+    parser.add_argument("--multiple", type=int, default=None,
+                        help="batches are multiples of this (default: the preset's num_generations)")
+    args = parser.parse_args(argv)
+    if args.memory_cap is not None and args.memory_cap <= 0:
+        parser.error(f"--memory-cap: got {args.memory_cap}; allowed: a positive number of GiB")
+    step = args.multiple or _checked_or_exit(parser, args.preset, args.sets).grpo.num_generations
+    runs_dir = (args.runs_dir or args.out / "runs").resolve()
+    results = []
+    for impl in args.impl:
+        trials: list[Trial] = []
+
+        def attempt(batch: int, impl: str = impl, trials: list[Trial] = trials) -> bool:
+            trial = run_trial(args.preset, impl, batch, steps=1, runs_dir=runs_dir, extra_sets=args.sets,
+                              memory_cap_gib=args.memory_cap)
+            trials.append(trial)
+            print(f"{impl:8s} batch {batch:5d}: {'fits' if trial.ok else 'does not fit'}"
+                  f" (peak {_fmt(trial.peak_gib)} GiB)", flush=True)
+            return trial.ok
+
+        best, _ = find_max_batch(attempt, step, args.start, args.limit)
+        results.append({"impl": impl, "max_batch": best, "memory_cap_gib": args.memory_cap,
+                        "trials": [asdict(t) for t in trials]})
+    command = "grpo-tui max-batch " + shlex.join(argv if argv is not None else sys.argv[1:])
+    payload = {"command": command, "environment": _environment(), "results": results}
+    lines = ["| impl | max per-device batch | memory cap GiB |", "|---|---|---|"]
+    lines += [f"| {r['impl']} | {r['max_batch']} | {r['memory_cap_gib'] or 'none'} |" for r in results]
+    _write(args.out, "max-batch", payload, "\n".join(lines))
+    print("\n".join(lines))
+    return 0 if any(r["max_batch"] > 0 for r in results) else 1
+
+
+def _checked_or_exit(parser: argparse.ArgumentParser, preset: str, sets: list[str]) -> Any:
+    """The preset with the overrides applied, validated before any trial starts (else exit 2)."""
+    from grpo_tui.config.schema import PresetError
+    from grpo_tui.config.store import load_preset
+
+    try:
+        return load_preset(preset, sets)[0]
+    except PresetError as exc:
+        parser.exit(2, "\n".join(exc.lines) + "\n")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
