@@ -33,10 +33,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from grpo_tui.runs import metrics  # noqa: E402
-from grpo_tui.tools.demo import make_run  # noqa: E402
-from grpo_tui.dashboard.monitor import Monitor  # noqa: E402
-from grpo_tui.dashboard.state import RunState, load_recent, load_run  # noqa: E402
+from grpo_tui.dashboard.monitor import Monitor  # noqa: E402 - after sys.path.insert: runs from a checkout without an install
+from grpo_tui.dashboard.state import RunState, load_recent, load_run  # noqa: E402 - after sys.path.insert: runs from a checkout without an install
+from grpo_tui.runs import metrics  # noqa: E402 - after sys.path.insert: runs from a checkout without an install
+from grpo_tui.tools.demo import make_run  # noqa: E402 - after sys.path.insert: runs from a checkout without an install
 
 
 def _timed(fn: Any, repeats: int) -> tuple[dict[str, float], Any]:
@@ -46,8 +46,11 @@ def _timed(fn: Any, repeats: int) -> tuple[dict[str, float], Any]:
         result = fn()
         walls.append(time.perf_counter() - wall)
         cpus.append(time.process_time() - cpu)
-    return {"wall_s_median": round(statistics.median(walls), 6), "wall_s_min": round(min(walls), 6),
-            "cpu_s_median": round(statistics.median(cpus), 6)}, result
+    return {
+        "wall_s_median": round(statistics.median(walls), 6),
+        "wall_s_min": round(min(walls), 6),
+        "cpu_s_median": round(statistics.median(cpus), 6),
+    }, result
 
 
 def bench_load(steps: int, repeats: int, work: Path) -> dict[str, Any]:
@@ -72,9 +75,12 @@ def bench_load(steps: int, repeats: int, work: Path) -> dict[str, Any]:
     load, state = _timed(lambda: load_run(run.path), repeats)
     recent, quick = _timed(lambda: load_recent(run.path), repeats)
     out: dict[str, Any] = {
-        "steps": len(state), "file_mb": round(len(data) / 1e6, 1),
+        "steps": len(state),
+        "file_mb": round(len(data) / 1e6, 1),
         "decoder": getattr(metrics._DECODERS[0], "__module__", "?"),
-        "load_run": load, "json_decode_only": parse, "columns_only": apply_t,
+        "load_run": load,
+        "json_decode_only": parse,
+        "columns_only": apply_t,
         "load_recent (first look: all events + newest steps)": {**recent, "steps_loaded": len(quick)},
         "target": "load_run < 1 s",
     }
@@ -121,8 +127,11 @@ def _feed_poll(run_path: Path, polls: int = 20) -> dict[str, Any] | str:
             cpu = time.process_time()
             feed.poll()
             cpus.append(time.process_time() - cpu)
-    return {"cpu_ms_median": round(statistics.median(cpus) * 1e3, 3), "cpu_ms_max": round(max(cpus) * 1e3, 3),
-            "polls": polls}
+    return {
+        "cpu_ms_median": round(statistics.median(cpus) * 1e3, 3),
+        "cpu_ms_max": round(max(cpus) * 1e3, 3),
+        "polls": polls,
+    }
 
 
 def bench_nvml(samples: int) -> dict[str, Any]:
@@ -132,9 +141,14 @@ def bench_nvml(samples: int) -> dict[str, Any]:
     init_ms = (time.perf_counter() - first) * 1e3
     timing, snap = _timed(lambda: monitor.sample([os.getpid()]), samples)
     per_sample_ms = timing["wall_s_median"] * 1e3
-    out: dict[str, Any] = {"nvml_ok": snap.nvml_ok, "gpus": len(snap.gpus), "note": snap.note,
-                           "first_sample_ms (includes nvmlInit)": round(init_ms, 3),
-                           "sample_ms_median": round(per_sample_ms, 4), "target": "< 1 ms per GPU"}
+    out: dict[str, Any] = {
+        "nvml_ok": snap.nvml_ok,
+        "gpus": len(snap.gpus),
+        "note": snap.note,
+        "first_sample_ms (includes nvmlInit)": round(init_ms, 3),
+        "sample_ms_median": round(per_sample_ms, 4),
+        "target": "< 1 ms per GPU",
+    }
     if snap.gpus:
         out["per_gpu_ms"] = round(per_sample_ms / len(snap.gpus), 4)
         out["gpu_names"] = sorted({g.name or "?" for g in snap.gpus})
@@ -152,10 +166,19 @@ def bench_live(seconds: float, hz: float, base_steps: int, work: Path) -> dict[s
         from grpo_tui.dashboard.screens.dashboard import DashboardScreen
     except ImportError as exc:
         return {"result": f"n/a (the app is not importable: {exc})"}
-    run = make_run(work / f"live-{base_steps}", steps=base_steps, finished=False, pid=os.getpid(),
-                   pid_started=_create_time(), completions=base_steps <= 20_000)
-    writer = subprocess.Popen([sys.executable, "-m", "grpo_tui.tools.demo", "live", str(run.path), "--hz", str(hz)],
-                              cwd=ROOT, stdout=subprocess.DEVNULL)
+    run = make_run(
+        work / f"live-{base_steps}",
+        steps=base_steps,
+        finished=False,
+        pid=os.getpid(),
+        pid_started=_create_time(),
+        completions=base_steps <= 20_000,
+    )
+    writer = subprocess.Popen(
+        [sys.executable, "-m", "grpo_tui.tools.demo", "live", str(run.path), "--hz", str(hz)],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+    )
     try:
         return asyncio.run(_drive(GrpoTuiApp, DashboardScreen, run.path, seconds, hz, base_steps))
     finally:
@@ -169,8 +192,9 @@ def _create_time() -> float:
     return psutil.Process(os.getpid()).create_time()
 
 
-async def _drive(app_cls: Any, screen_cls: Any, run_path: Path, seconds: float, hz: float,
-                 base_steps: int) -> dict[str, Any]:
+async def _drive(
+    app_cls: Any, screen_cls: Any, run_path: Path, seconds: float, hz: float, base_steps: int
+) -> dict[str, Any]:
     app = app_cls(runs_dir=run_path.parent, open_run=run_path, auto_attach=False)
     opened = time.perf_counter()
     async with app.run_test(size=(160, 50)) as pilot:
@@ -188,11 +212,16 @@ async def _drive(app_cls: Any, screen_cls: Any, run_path: Path, seconds: float, 
         await asyncio.sleep(seconds)
         wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
         updates, gens = screen.updates - updates0, getattr(screen, "_drawn_generation", 0) - gen0
-    return {"base_steps": base_steps, "writer_hz": hz, "seconds": round(wall, 2),
-            "time_to_first_view_s": round(first_view_s, 3),
-            "dashboard_updates_per_s": round(updates / wall, 2), "chart_redraws_per_s": round(gens / wall, 2),
-            "ui_process_cpu_pct_of_one_core": round(100 * cpu / wall, 1),
-            "target": ">= 2 Hz redraw at < 10% of one core"}
+    return {
+        "base_steps": base_steps,
+        "writer_hz": hz,
+        "seconds": round(wall, 2),
+        "time_to_first_view_s": round(first_view_s, 3),
+        "dashboard_updates_per_s": round(updates / wall, 2),
+        "chart_redraws_per_s": round(gens / wall, 2),
+        "ui_process_cpu_pct_of_one_core": round(100 * cpu / wall, 1),
+        "target": ">= 2 Hz redraw at < 10% of one core",
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -206,11 +235,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "ui-cpu.json")
     args = parser.parse_args(argv)
     results: dict[str, Any] = {
-        "command": "python " + " ".join(shlex.quote(a) for a in [os.path.relpath(__file__, ROOT), *(argv or sys.argv[1:])]),
+        "command": "python "
+        + " ".join(shlex.quote(a) for a in [os.path.relpath(__file__, ROOT), *(argv or sys.argv[1:])]),
         "when_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "env": {"PYTHONPATH": os.environ.get("PYTHONPATH", "")},
-        "machine": {"cpu_count": os.cpu_count(), "load_avg_1m_at_start": round(os.getloadavg()[0], 2),
-                    "python": platform.python_version(), "platform": platform.platform()},
+        "machine": {
+            "cpu_count": os.cpu_count(),
+            "load_avg_1m_at_start": round(os.getloadavg()[0], 2),
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+        },
     }
     with tempfile.TemporaryDirectory(prefix="bench-ui-") as tmp:
         work = Path(tmp)

@@ -30,9 +30,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import psutil  # noqa: E402
+import psutil  # noqa: E402 - after sys.path.insert: runs from a checkout without an install
 
-from grpo_tui.tools.demo import make_run  # noqa: E402
+from grpo_tui.tools.demo import make_run  # noqa: E402 - after sys.path.insert: runs from a checkout without an install
 
 SIZE = (150, 48)
 STEP_RE = re.compile(r"step (\d+)/")
@@ -64,10 +64,18 @@ def wait_screen(session: str, pattern: str, timeout: float) -> float | None:
 
 
 def bench_live(work: Path, seconds: float, hz: float, base_steps: int) -> dict[str, Any]:
-    run = make_run(work / f"live-{base_steps}", steps=base_steps, finished=False, max_steps=100_000,
-                   completions=base_steps <= 20_000).path
-    writer = subprocess.Popen([sys.executable, "-m", "grpo_tui.tools.demo", "live", str(run), "--hz", str(hz)],
-                              cwd=ROOT, stdout=subprocess.DEVNULL)
+    run = make_run(
+        work / f"live-{base_steps}",
+        steps=base_steps,
+        finished=False,
+        max_steps=100_000,
+        completions=base_steps <= 20_000,
+    ).path
+    writer = subprocess.Popen(
+        [sys.executable, "-m", "grpo_tui.tools.demo", "live", str(run), "--hz", str(hz)],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+    )
     meta = json.loads((run / "run.json").read_text())  # the writer plays the trainer: a live pid
     meta.update(pid=writer.pid, pid_started=psutil.Process(writer.pid).create_time(), child_pid=None)
     (run / "run.json").write_text(json.dumps(meta))
@@ -92,11 +100,16 @@ def bench_live(work: Path, seconds: float, hz: float, base_steps: int) -> dict[s
         subprocess.run(["tmux", "kill-session", "-t", session], check=False)
         writer.terminate()
         writer.wait()
-    return {"base_steps": base_steps, "writer_hz": hz, "seconds": round(wall, 2),
-            "screen_updates_per_s": round(changes / wall, 2), "steps_seen": [seen[0], seen[-1]] if seen else [],
-            "ui_process_cpu_pct_of_one_core": round(100 * cpu / wall, 1),
-            "note": "capture-pane's own cost is in tmux, not the app; the step counter changes at most at the writer's rate",
-            "target": ">= 2 Hz redraw at < 10% of one core"}
+    return {
+        "base_steps": base_steps,
+        "writer_hz": hz,
+        "seconds": round(wall, 2),
+        "screen_updates_per_s": round(changes / wall, 2),
+        "steps_seen": [seen[0], seen[-1]] if seen else [],
+        "ui_process_cpu_pct_of_one_core": round(100 * cpu / wall, 1),
+        "note": "capture-pane's own cost is in tmux, not the app; the step counter changes at most at the writer's rate",
+        "target": ">= 2 Hz redraw at < 10% of one core",
+    }
 
 
 def bench_open(work: Path, steps: int) -> dict[str, Any]:
@@ -123,10 +136,15 @@ def bench_open(work: Path, steps: int) -> dict[str, Any]:
     finally:
         subprocess.run(["tmux", "kill-session", "-t", session], check=False)
     size_mb = (run / "metrics.jsonl").stat().st_size / 1e6
-    return {"steps": steps, "metrics_mb": round(size_mb, 1), "generate_s": round(generate_s, 1),
-            "enter_to_dashboard_s": None if first is None else round(first, 3),
-            "enter_to_full_history_s": None if loaded is None else round(loaded, 3),
-            "finished_shown": full is not None, "target": "dashboard open < 1 s"}
+    return {
+        "steps": steps,
+        "metrics_mb": round(size_mb, 1),
+        "generate_s": round(generate_s, 1),
+        "enter_to_dashboard_s": None if first is None else round(first, 3),
+        "enter_to_full_history_s": None if loaded is None else round(loaded, 3),
+        "finished_shown": full is not None,
+        "target": "dashboard open < 1 s",
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -139,8 +157,12 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, Any] = {
         "command": "python benchmarks/bench_ui_live.py " + shlex.join(argv or sys.argv[1:]),
         "when_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "machine": {"cpu_count": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform(),
-                    "load_avg_1m_at_start": round(os.getloadavg()[0], 2)},
+        "machine": {
+            "cpu_count": os.cpu_count(),
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+            "load_avg_1m_at_start": round(os.getloadavg()[0], 2),
+        },
     }
     with tempfile.TemporaryDirectory(prefix="grpo-tui-bench-") as tmp:
         work = Path(tmp)

@@ -1,6 +1,6 @@
 """Reward parity of two runs (e.g. loss.impl chunked vs naive, same seed): stats as JSON and an overlay PNG.
 
-    python benchmarks/parity.py A/metrics.jsonl B/metrics.jsonl --labels chunked,naive --out DIR
+python benchmarks/parity.py A/metrics.jsonl B/metrics.jsonl --labels chunked,naive --out DIR
 """
 
 from __future__ import annotations
@@ -38,8 +38,10 @@ def compare(a: dict[int, float], b: dict[int, float]) -> dict[str, float | int]:
         "mean_abs_delta_reward": sum(abs(x - y) for x, y in zip(ya, yb)) / len(steps),
         f"max_abs_delta_reward_ma{WINDOW}": max(abs(x - y) for x, y in zip(ma, mb)),
         "identical_first_steps": identical,
-        "a_first20": sum(ya[:n]) / n, "a_last20": sum(ya[-n:]) / n,
-        "b_first20": sum(yb[:n]) / n, "b_last20": sum(yb[-n:]) / n,
+        "a_first20": sum(ya[:n]) / n,
+        "a_last20": sum(ya[-n:]) / n,
+        "b_first20": sum(yb[:n]) / n,
+        "b_last20": sum(yb[-n:]) / n,
     }
 
 

@@ -46,13 +46,14 @@ def parse_setting(text: str) -> list[str]:
 def child(preset_name: str, rollout: int, overrides: list[str]) -> dict[str, Any]:
     import torch
 
-    from grpo_tui.train.phase_memory import MIB, _rss_mib
     from grpo_tui.config.store import load_preset
     from grpo_tui.runs.folder import RunDir
     from grpo_tui.train.entry import build_trainer
+    from grpo_tui.train.phase_memory import MIB, _rss_mib
 
-    preset, _ = load_preset(preset_name, [*overrides, f"grpo.per_device_batch_size={rollout}",
-                                          "grpo.gradient_accumulation_steps=1"])  # fmt: skip
+    preset, _ = load_preset(
+        preset_name, [*overrides, f"grpo.per_device_batch_size={rollout}", "grpo.gradient_accumulation_steps=1"]
+    )
     with tempfile.TemporaryDirectory() as tmp:
         trainer = build_trainer(preset, RunDir(Path(tmp)))
         trainer.model.train()  # as in the training loop: TRL scores in per_device_batch_size slices, not eval's
@@ -99,22 +100,36 @@ def main(argv: list[str] | None = None) -> int:
         parse_setting(s)  # bad settings fail before any run
     results = []
     for setting in settings:
-        cmd = [sys.executable, __file__, args.preset, "--rollout", str(args.rollout), "--child", setting,
-               *(f"--set={s}" for s in args.sets)]  # fmt: skip
+        cmd = [
+            sys.executable,
+            __file__,
+            args.preset,
+            "--rollout",
+            str(args.rollout),
+            "--child",
+            setting,
+            *(f"--set={s}" for s in args.sets),
+        ]
         env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(128 * 1024), "MALLOC_TRIM_THRESHOLD_": "0"}
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
         line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
         if proc.returncode or line is None:
-            print(f"{setting}: failed (exit {proc.returncode}): {proc.stderr.strip().splitlines()[-1:]}", file=sys.stderr)
+            print(
+                f"{setting}: failed (exit {proc.returncode}): {proc.stderr.strip().splitlines()[-1:]}", file=sys.stderr
+            )
             results.append({"setting": setting, "ok": False})
             continue
         results.append({"setting": setting, "ok": True, **json.loads(line.removeprefix("RESULT "))})
     args.out.mkdir(parents=True, exist_ok=True)
     record = {
         "command": shlex.join([sys.executable, *sys.argv]) if argv is None else shlex.join(argv),
-        "preset": args.preset, "rollout": args.rollout, "sets": args.sets,
-        "host": platform.node(), "cpu_count": os.cpu_count(), "results": results,
-    }  # fmt: skip
+        "preset": args.preset,
+        "rollout": args.rollout,
+        "sets": args.sets,
+        "host": platform.node(),
+        "cpu_count": os.cpu_count(),
+        "results": results,
+    }
     (args.out / "rollout-memory.json").write_text(json.dumps(record, indent=1))
     print(f"{'setting':<18}{'before MiB':>11}{'generation':>12}{'scoring':>10}{'peak - before':>15}{'rollout s':>11}")
     for r in results:
@@ -123,8 +138,10 @@ def main(argv: list[str] | None = None) -> int:
             continue
         ph = r["phases_mib"]
         peak = max(ph.values())
-        print(f"{r['setting']:<18}{r['before_mib']:>11.0f}{ph.get('generation', 0):>12.0f}{ph.get('scoring', 0):>10.0f}"
-              f"{peak - r['before_mib']:>15.0f}{r['rollout_s']:>11.1f}")  # fmt: skip
+        print(
+            f"{r['setting']:<18}{r['before_mib']:>11.0f}{ph.get('generation', 0):>12.0f}{ph.get('scoring', 0):>10.0f}"
+            f"{peak - r['before_mib']:>15.0f}{r['rollout_s']:>11.1f}"
+        )
     return 0 if all(r["ok"] for r in results) else 1
 
 

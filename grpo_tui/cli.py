@@ -9,8 +9,9 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 # Subcommands implemented elsewhere: (argv words) -> (module, function). Each gets the rest of argv.
 PASSTHROUGH: dict[tuple[str, ...], tuple[str, str]] = {
@@ -110,7 +111,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_set(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
         help="override a field, TOML value syntax (e.g. grpo.max_steps=5); repeatable",
     )
 
@@ -125,7 +130,7 @@ def _passthrough(argv: list[str]) -> int | None:
             target = _import_target(module_name, function, " ".join(words))
             if target is None:
                 return 1
-            return int(target(argv[len(words):]) or 0)
+            return int(target(argv[len(words) :]) or 0)
     return None
 
 
@@ -225,8 +230,8 @@ def _description(path: Path) -> str:
 
 def _cmd_presets_show(args: argparse.Namespace) -> int:
     from grpo_tui.config.checks import check_preset
-    from grpo_tui.launch.command import build_launch_command, format_command, launch_env, per_node_commands
     from grpo_tui.config.store import dump_preset, load_preset
+    from grpo_tui.launch.command import build_launch_command, format_command, launch_env, per_node_commands
 
     preset, path = load_preset(args.preset, args.overrides)
     run_dir = Path(preset.logging.runs_dir) / f"<timestamp>-{preset.name}"
@@ -290,8 +295,8 @@ def _cmd_presets_save(args: argparse.Namespace) -> int:
 def _cmd_runs(args: argparse.Namespace) -> int:
     import time
 
-    from grpo_tui.runs.folder import list_runs
     from grpo_tui.launch.supervisor import effective_status
+    from grpo_tui.runs.folder import list_runs
 
     runs = list_runs(args.runs_dir)
     if not runs:
@@ -304,8 +309,10 @@ def _cmd_runs(args: argparse.Namespace) -> int:
         started = status.get("started") or status.get("created")
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started)) if isinstance(started, (int, float)) else "-"
         step = _last_step(run.metrics)
-        print(f"{run.name:<{width}}  {status.get('status', '?'):<9}  {step if step is not None else '-':>6}  {when:<19}  "
-              f"{status.get('reason') or ''}")
+        print(
+            f"{run.name:<{width}}  {status.get('status', '?'):<9}  {step if step is not None else '-':>6}  {when:<19}  "
+            f"{status.get('reason') or ''}"
+        )
     return 0
 
 
@@ -324,9 +331,9 @@ def _last_step(metrics: Path, tail_bytes: int = 16384) -> int | None:
 
 
 def _cmd_control(args: argparse.Namespace) -> int:
+    from grpo_tui.launch.supervisor import ACTIVE_STATES, effective_status, stop_run
     from grpo_tui.runs.folder import RunDir
     from grpo_tui.runs.listing import SUBMITTED
-    from grpo_tui.launch.supervisor import ACTIVE_STATES, effective_status, stop_run
 
     run = RunDir(args.run_dir.resolve())
     if not run.is_run:
@@ -344,7 +351,9 @@ def _cmd_control(args: argparse.Namespace) -> int:
         print(stop_run(run.path, force=args.force))
         return 0
     control = run.request(loss_impl=args.loss_impl)
-    print(f"{run.name}: loss.impl -> {args.loss_impl} requested (request {control['request_id']}); applies at the next step")
+    print(
+        f"{run.name}: loss.impl -> {args.loss_impl} requested (request {control['request_id']}); applies at the next step"
+    )
     return 0
 
 

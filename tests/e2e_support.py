@@ -6,8 +6,8 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from grpo_tui.runs.metrics import read_records, step_records
 

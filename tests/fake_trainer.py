@@ -17,8 +17,8 @@ import time
 import tomllib
 from pathlib import Path
 
-from grpo_tui.runs.metrics import MetricsWriter
 from grpo_tui.runs.folder import RunDir, read_json
+from grpo_tui.runs.metrics import MetricsWriter
 
 
 def main() -> int:
@@ -47,8 +47,17 @@ def main() -> int:
             if mode == "oom" and step == 2:
                 writer.event("oom", step=step, phase="generation", peak_mib=1234.0)
                 return 1
-            writer.write({"step": step, "reward": step / max_steps, "loss": 0.1, "kl": 0.0, "step_time": step_s,
-                          "loss_impl": impl, "memory": {"device": "cpu", "gpus": [], "rss_mib": 100.0}})
+            writer.write(
+                {
+                    "step": step,
+                    "reward": step / max_steps,
+                    "loss": 0.1,
+                    "kl": 0.0,
+                    "step_time": step_s,
+                    "loss_impl": impl,
+                    "memory": {"device": "cpu", "gpus": [], "rss_mib": 100.0},
+                }
+            )
             control = read_json(RunDir(args.run_dir).control) or {}
             if control.get("stop") and not os.environ.get("FAKE_TRAINER_IGNORE_STOP"):
                 writer.event("stop_requested", step=step)

@@ -7,9 +7,9 @@ from pathlib import Path
 
 from grpo_tui.dashboard import alerts as A
 from grpo_tui.dashboard.alerts import AlertLog, detect_alerts
-from grpo_tui.tools.demo import make_run
 from grpo_tui.dashboard.monitor import GpuSnapshot, HostSnapshot, MonitorSnapshot
 from grpo_tui.dashboard.state import RunState, load_recent, load_run
+from grpo_tui.tools.demo import make_run
 
 HEALTHY = {"frac_reward_zero_std": 0.1, "kl": 0.002, "entropy": 1.0, "completions/clipped_ratio": 0.05}
 
@@ -20,9 +20,19 @@ def _state(n: int, override: dict[int, dict] | None = None, t0: float = 1000.0, 
     state = RunState(max_steps=10_000)
     recs = []
     for s in range(1, n + 1):
-        rec = {"step": s, "time": t0 + s, "step_time": 1.0, **HEALTHY, "kl": 0.002 + rng.uniform(0, 0.0005),
-               "memory": {"device": "cuda", "gpus": [{"index": 0, "peak_mib": 2000.0 + rng.uniform(-5, 5)}],
-                          "rss_mib": 1.0, "phases": {}}}
+        rec = {
+            "step": s,
+            "time": t0 + s,
+            "step_time": 1.0,
+            **HEALTHY,
+            "kl": 0.002 + rng.uniform(0, 0.0005),
+            "memory": {
+                "device": "cuda",
+                "gpus": [{"index": 0, "peak_mib": 2000.0 + rng.uniform(-5, 5)}],
+                "rss_mib": 1.0,
+                "phases": {},
+            },
+        }
         for key, fn in series.items():
             rec[key] = fn(s)  # type: ignore[operator]
         rec.update((override or {}).get(s, {}))
@@ -86,8 +96,10 @@ def test_memory_creep_monotone_rise_only() -> None:
     alerts = detect_alerts(_state(100, creep), now=1101.0)
     assert [a.kind for a in alerts] == [A.MEMORY_CREEP] and "fragmentation" in alerts[0].message
     # the same rise with one dip in every 10 steps is not monotone
-    dips = {s: {"memory": {"gpus": [{"peak_mib": 2000.0 + 10 * (s - 40) - (30 if s % 10 == 0 else 0)}], "rss_mib": 1.0}}
-            for s in range(40, 80)}
+    dips = {
+        s: {"memory": {"gpus": [{"peak_mib": 2000.0 + 10 * (s - 40) - (30 if s % 10 == 0 else 0)}], "rss_mib": 1.0}}
+        for s in range(40, 80)
+    }
     assert _kinds(_state(100, dips), now=1101.0) == []
     # monotone but tiny (< CREEP_FRAC)
     slow = {s: {"memory": {"gpus": [{"peak_mib": 2000.0 + 0.1 * (s - 40)}], "rss_mib": 1.0}} for s in range(40, 80)}
@@ -128,8 +140,18 @@ def test_alert_log_raises_each_episode_once_while_it_persists() -> None:
     rng = random.Random(1)
     new_total = []
     for s in range(101, 160):  # no signal from step 101 on, arriving one step at a time
-        state.apply([{"step": s, "time": 1000.0 + s, "step_time": 1.0, **HEALTHY, "frac_reward_zero_std": 1.0,
-                      "kl": 0.002 + rng.uniform(0, 0.0005)}])
+        state.apply(
+            [
+                {
+                    "step": s,
+                    "time": 1000.0 + s,
+                    "step_time": 1.0,
+                    **HEALTHY,
+                    "frac_reward_zero_std": 1.0,
+                    "kl": 0.002 + rng.uniform(0, 0.0005),
+                }
+            ]
+        )
         new_total += log.update(detect_alerts(state, now=1000.0 + s, window=20))
     assert [(a.kind, a.step) for a in new_total] == [(A.NO_SIGNAL, 100 + A.ZERO_STD_STEPS)]
     assert len(log.alerts) == 1 and log.active(state, within_steps=100) == log.alerts

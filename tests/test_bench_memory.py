@@ -26,10 +26,20 @@ def test_find_max_batch_finds_the_largest_fitting_multiple(capacity):
 def test_summarise_reads_phase_peaks_step_time_and_oom(tmp_path):
     recs = [
         {"v": 1, "event": "start", "time": 0},
-        {"v": 1, "step": 1, "time": 1, "step_time": 9.0,
-         "memory": {"gpus": [{"peak_mib": 2048}], "phases": {"generation": 1024, "loss": 3072}}},
-        {"v": 1, "step": 2, "time": 2, "step_time": 2.0,
-         "memory": {"gpus": [{"peak_mib": 1024}], "phases": {"generation": 4096, "loss": 512}}},
+        {
+            "v": 1,
+            "step": 1,
+            "time": 1,
+            "step_time": 9.0,
+            "memory": {"gpus": [{"peak_mib": 2048}], "phases": {"generation": 1024, "loss": 3072}},
+        },
+        {
+            "v": 1,
+            "step": 2,
+            "time": 2,
+            "step_time": 2.0,
+            "memory": {"gpus": [{"peak_mib": 1024}], "phases": {"generation": 4096, "loss": 512}},
+        },
         {"v": 1, "event": "oom", "phase": "scoring", "step": 3, "time": 3},
     ]
     path = tmp_path / "metrics.jsonl"
@@ -74,8 +84,8 @@ def test_memory_cap_env_is_validated_and_ignored_on_cpu(monkeypatch):
     ],
 )
 def test_bad_preset_is_one_line_before_any_trial(argv, message, tmp_path, capsys, monkeypatch):
-    from grpo_tui.tools import bench_memory
     from grpo_tui.cli import main
+    from grpo_tui.tools import bench_memory
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(bench_memory, "run_trial", lambda *a, **k: pytest.fail("a trial ran"))

@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from tiny_cache import tiny_model_path  # noqa: F401 - session fixture
 
 from grpo_tui.tools import parity_check as check
 
@@ -15,7 +14,14 @@ def test_probe_passes_on_tiny_cpu(tiny_model_path: Path, baseline: str, capsys: 
     assert check.main(["tiny-cpu", "--baseline", baseline]) == 0
     out = capsys.readouterr().out
     assert f"OK: chunked matches {baseline}" in out
-    for label in ("loss", "grad_norm", "max |Δ log-prob|", "max |Δ grad lm_head|/max", "peak MiB loss", "time ms scoring"):
+    for label in (
+        "loss",
+        "grad_norm",
+        "max |Δ log-prob|",
+        "max |Δ grad lm_head|/max",
+        "peak MiB loss",
+        "time ms scoring",
+    ):
         assert label in out
 
 

@@ -10,10 +10,9 @@ from pathlib import Path
 import pytest
 
 from grpo_tui import cli
-
 from grpo_tui.launch import supervisor
-from grpo_tui.runs.metrics import read_records, step_records
 from grpo_tui.runs.folder import RunDir, list_runs
+from grpo_tui.runs.metrics import read_records, step_records
 
 FAKE = str(Path(__file__).with_name("fake_trainer.py"))
 
@@ -24,7 +23,9 @@ def isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("GRPO_TUI_PRESETS_DIR", str(tmp_path / "user-presets"))
     monkeypatch.setenv("FAKE_TRAINER_STEP_S", "0.001")
-    monkeypatch.setattr(supervisor, "build_launch_command", lambda preset, run_dir: [sys.executable, FAKE, "--run-dir", str(run_dir)])
+    monkeypatch.setattr(
+        supervisor, "build_launch_command", lambda preset, run_dir: [sys.executable, FAKE, "--run-dir", str(run_dir)]
+    )
     return tmp_path
 
 
@@ -62,7 +63,9 @@ def test_run_refuses_more_processes_than_gpus(tmp_path: Path, capsys: pytest.Cap
     monkeypatch.setattr(checks, "visible_gpu_count", lambda: 0)
     assert cli.main(["run", "qwen3-0.6b-gsm8k", "--headless"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["distributed.num_processes: got 1; 0 GPU(s) visible on this machine (one process per GPU; or set distributed.use_cpu=true)"]
+    assert err == [
+        "distributed.num_processes: got 1; 0 GPU(s) visible on this machine (one process per GPU; or set distributed.use_cpu=true)"
+    ]
 
 
 def test_run_detach_runs_and_lists(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -93,7 +96,9 @@ def test_control_refuses_an_ended_run(tmp_path: Path, capsys: pytest.CaptureFixt
     run = RunDir.create(tmp_path / "runs", "x")
     run.update_status(status="finished")
     assert cli.main(["control", str(run.path), "--loss-impl", "naive"]) == 1
-    assert capsys.readouterr().err.strip() == f"{run.path}: the run is finished; nothing reads control requests any more"
+    assert (
+        capsys.readouterr().err.strip() == f"{run.path}: the run is finished; nothing reads control requests any more"
+    )
     assert not run.control.exists()
 
 
@@ -122,7 +127,10 @@ def test_passthrough_calls_the_module_with_the_rest(monkeypatch: pytest.MonkeyPa
 def test_passthrough_to_a_missing_module_is_one_line(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
     monkeypatch.setitem(cli.PASSTHROUGH, ("screenshots",), ("grpo_tui.no_such_module", "main"))
     assert cli.main(["screenshots", "--out", "x"]) == 1
-    assert capsys.readouterr().err.strip() == "grpo-tui screenshots: not available in this version (grpo_tui.no_such_module is missing)"
+    assert (
+        capsys.readouterr().err.strip()
+        == "grpo-tui screenshots: not available in this version (grpo_tui.no_such_module is missing)"
+    )
 
 
 def test_bench_needs_a_kind(capsys: pytest.CaptureFixture[str]) -> None:

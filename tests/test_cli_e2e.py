@@ -11,10 +11,9 @@ from pathlib import Path
 
 import pytest
 from e2e_support import interrupt_after_steps
-from tiny_cache import tiny_model_path  # noqa: F401 - session fixture (shares the tiny model build)
 
-from grpo_tui.runs.metrics import PHASES, SCHEMA_VERSION, read_records, step_records
 from grpo_tui.runs.folder import RunDir, list_runs
+from grpo_tui.runs.metrics import PHASES, SCHEMA_VERSION, read_records, step_records
 
 pytestmark = pytest.mark.slow
 
@@ -32,7 +31,10 @@ def the_run(runs_dir: Path) -> RunDir:
 def test_run_tiny_cpu_headless_five_steps(tiny_model_path: Path, tmp_path: Path) -> None:
     done = subprocess.run(
         [*grpo_tui_argv(), "run", "tiny-cpu", "--headless", "--set", "grpo.max_steps=5"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "Traceback" not in done.stderr
@@ -60,7 +62,10 @@ def test_run_tiny_cpu_headless_five_steps(tiny_model_path: Path, tmp_path: Path)
 def test_ctrl_c_stops_a_real_run_with_metrics_intact(tiny_model_path: Path, tmp_path: Path) -> None:
     proc = subprocess.Popen(
         [*grpo_tui_argv(), "run", "tiny-cpu", "--headless", "--set", "grpo.max_steps=100000"],
-        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     runs_dir = tmp_path / "runs"
     out, err = interrupt_after_steps(

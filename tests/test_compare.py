@@ -6,9 +6,9 @@ import statistics
 from pathlib import Path
 
 from grpo_tui.dashboard.compare import FINAL_REWARD_STEPS, aligned, compare_runs
-from grpo_tui.tools.demo import make_run
-from grpo_tui.runs.metrics import PHASES, read_records
 from grpo_tui.dashboard.state import PEAK_MIB, RunState, load_run
+from grpo_tui.runs.metrics import PHASES, read_records
+from grpo_tui.tools.demo import make_run
 
 
 def _steps(path: Path) -> list[dict]:

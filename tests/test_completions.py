@@ -24,7 +24,11 @@ def test_recorded_run_groups_by_prompt(tmp_path: Path) -> None:
     assert [g.prompt for g in groups] == list(dict.fromkeys(r["prompt"] for r in step7))
     assert sum(len(g.completions) for g in groups) == len(step7) == index.count(7)
     first = groups[0].completions[0]
-    assert (first.text, first.rewards, first.advantage) == (step7[0]["completion"], step7[0]["rewards"], step7[0]["advantage"])
+    assert (first.text, first.rewards, first.advantage) == (
+        step7[0]["completion"],
+        step7[0]["rewards"],
+        step7[0]["advantage"],
+    )
     assert first.total_reward == sum(step7[0]["rewards"].values())
     assert groups[0].mean_reward == sum(c.total_reward for c in groups[0].completions) / len(groups[0].completions)
     assert index.groups(999) == []
@@ -56,8 +60,10 @@ def test_malformed_lines_chat_prompts_and_missing_fields(tmp_path: Path) -> None
         "not json at all\n"
         + _row(3, chat, "2", adv=None, acc=1.0)
         + '{"step": 3, "prompt": "x", "completion": "torn\n'
-        + json.dumps({"step": 4, "prompt": "q", "completion": "text mentioning \"step\": 99",
-                      "rewards": {"acc": "bad", "fmt": 1}}) + "\n"
+        + json.dumps(
+            {"step": 4, "prompt": "q", "completion": 'text mentioning "step": 99', "rewards": {"acc": "bad", "fmt": 1}}
+        )
+        + "\n"
     )
     index = CompletionIndex(path)
     index.poll()

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from grpo_tui.tasks.data import DataError, addition_rows, build_prompt_dataset, load_rows
 from grpo_tui.config.schema import DataSection
+from grpo_tui.tasks.data import DataError, addition_rows, build_prompt_dataset, load_rows
 
 GSM8K_TEST = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "gsm8k" / "test.jsonl"
 

@@ -14,30 +14,47 @@ from pathlib import Path
 
 import pytest
 from e2e_support import free_port
-from test_trainer import REL, ABS, make_run
-from tiny_cache import tiny_model_path  # noqa: F401 - session fixture
+from test_trainer import ABS, REL, make_run
 
-from grpo_tui.runs.metrics import read_records, step_records
 from grpo_tui.runs.folder import write_json_atomic
+from grpo_tui.runs.metrics import read_records, step_records
 
 pytestmark = pytest.mark.slow
 
 
 def _accelerate_cpu(run_dir: Path) -> subprocess.CompletedProcess:
-    argv = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-            "--main_process_port", str(free_port()),
-            "-m", "grpo_tui.train", "--run-dir", str(run_dir)]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--multi_gpu",
+        "--num_processes",
+        "2",
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        "--main_process_port",
+        str(free_port()),
+        "-m",
+        "grpo_tui.train",
+        "--run-dir",
+        str(run_dir),
+    ]
     # PYTHONFAULTHANDLER: should a rank abort again, its Python stacks land in the failure message
     env = {**os.environ, "ACCELERATE_USE_CPU": "true", "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1"}
     return subprocess.run(argv, capture_output=True, text=True, timeout=240, env=env)
 
 
 def test_two_process_ddp_chunked_matches_naive_with_live_switch(tiny_model_path: Path, tmp_path: Path) -> None:
-    chunked = make_run(tmp_path, "chunked", grpo={"max_steps": 3}, loss={"impl": "chunked"},
-                       distributed={"num_processes": 2})  # fmt: skip
-    switched = make_run(tmp_path, "switched", grpo={"max_steps": 3}, loss={"impl": "naive"},
-                        distributed={"num_processes": 2})  # fmt: skip
+    chunked = make_run(
+        tmp_path, "chunked", grpo={"max_steps": 3}, loss={"impl": "chunked"}, distributed={"num_processes": 2}
+    )
+    switched = make_run(
+        tmp_path, "switched", grpo={"max_steps": 3}, loss={"impl": "naive"}, distributed={"num_processes": 2}
+    )
     write_json_atomic(switched.control, {"loss_impl": "chunked", "request_id": 1})
     for run in (chunked, switched):
         proc = _accelerate_cpu(run.path)
@@ -60,7 +77,7 @@ def _errors(stderr: str) -> str:
     return "\n".join(head[-30:] + ["..."] + lines[-12:])
 
 
-FSDP_SCRIPT = r'''
+FSDP_SCRIPT = r"""
 import json, os, sys, torch, torch.distributed as dist
 from torch.distributed.fsdp import fully_shard
 from transformers import AutoModelForCausalLM
@@ -116,15 +133,25 @@ dist.barrier()
 # Leave without the interpreter's teardown: gloo's threads intermittently abort there on CPU
 # ("terminate called without an active exception", seen in CI), after every result is written.
 os._exit(0)
-'''
+"""
 
 
 @pytest.mark.parametrize("layout", ["head_unit", "root"])
 def test_fsdp2_kernel_gets_full_head_and_grads_reach_shards(tiny_model_path: Path, tmp_path: Path, layout: str) -> None:
     script = tmp_path / "fsdp_probe.py"
     script.write_text(FSDP_SCRIPT)
-    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-            str(script), str(tiny_model_path), layout, str(tmp_path)]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        str(script),
+        str(tiny_model_path),
+        layout,
+        str(tmp_path),
+    ]
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=180, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, _errors(proc.stderr)
     results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]

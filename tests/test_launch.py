@@ -12,6 +12,7 @@ import pytest
 from accelerate.commands.config import load_config_from_file
 from accelerate.utils import DistributedType
 
+from grpo_tui.config.schema import Preset
 from grpo_tui.launch.command import (
     build_accelerate_config,
     build_launch_command,
@@ -19,7 +20,6 @@ from grpo_tui.launch.command import (
     per_node_commands,
     write_accelerate_config,
 )
-from grpo_tui.config.schema import Preset
 
 
 def preset(**distributed: object) -> Preset:
@@ -100,8 +100,15 @@ def test_cpu_two_processes_config(tmp_path: Path) -> None:
 def test_launch_argv(tmp_path: Path) -> None:
     argv = build_launch_command(preset(), tmp_path)
     assert argv == [
-        sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(tmp_path / "accelerate.yaml"),
-        "-m", "grpo_tui.train", "--run-dir", str(tmp_path),
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--config_file",
+        str(tmp_path / "accelerate.yaml"),
+        "-m",
+        "grpo_tui.train",
+        "--run-dir",
+        str(tmp_path),
     ]
 
 

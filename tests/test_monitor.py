@@ -75,8 +75,11 @@ class FakeNvml:
     def nvmlDeviceGetComputeRunningProcesses(self, h: str) -> list[SimpleNamespace]:
         self._call("nvmlDeviceGetComputeRunningProcesses")
         if h == "h0":
-            return [SimpleNamespace(pid=101, usedGpuMemory=2048 * MIB), SimpleNamespace(pid=102, usedGpuMemory=None),
-                    SimpleNamespace(pid=103, usedGpuMemory=NVML_VALUE_NOT_AVAILABLE)]
+            return [
+                SimpleNamespace(pid=101, usedGpuMemory=2048 * MIB),
+                SimpleNamespace(pid=102, usedGpuMemory=None),
+                SimpleNamespace(pid=103, usedGpuMemory=NVML_VALUE_NOT_AVAILABLE),
+            ]
         return [SimpleNamespace(pid=201, usedGpuMemory=512 * MIB)]
 
 
@@ -87,7 +90,7 @@ def _nvml_works() -> bool:
         pynvml.nvmlInit()
         pynvml.nvmlShutdown()
         return True
-    except Exception:  # noqa: BLE001
+    except Exception:
         return False
 
 
@@ -135,7 +138,9 @@ def test_nvml_initialised_once_and_name_asked_once() -> None:
 
 
 def test_nvml_error_mid_query_gives_none_for_that_value_only() -> None:
-    nvml = FakeNvml(fail={"nvmlDeviceGetTemperature", "nvmlDeviceGetPowerUsage", "nvmlDeviceGetComputeRunningProcesses"})
+    nvml = FakeNvml(
+        fail={"nvmlDeviceGetTemperature", "nvmlDeviceGetPowerUsage", "nvmlDeviceGetComputeRunningProcesses"}
+    )
     snap = Monitor(nvml).sample()
     assert all(g.temperature_c is None and g.power_w is None and g.processes == () for g in snap.gpus)
     assert all(g.memory_used_mib is not None and g.utilization_pct == 87.0 for g in snap.gpus)
@@ -146,8 +151,13 @@ def test_gpu_lost_after_init_gives_na_everywhere_and_a_note() -> None:
     nvml = FakeNvml()
     monitor = Monitor(nvml)
     assert monitor.sample().gpus[0].memory_used_mib == 1000.0
-    nvml.fail = {"nvmlDeviceGetMemoryInfo", "nvmlDeviceGetUtilizationRates", "nvmlDeviceGetTemperature",
-                 "nvmlDeviceGetPowerUsage", "nvmlDeviceGetComputeRunningProcesses"}
+    nvml.fail = {
+        "nvmlDeviceGetMemoryInfo",
+        "nvmlDeviceGetUtilizationRates",
+        "nvmlDeviceGetTemperature",
+        "nvmlDeviceGetPowerUsage",
+        "nvmlDeviceGetComputeRunningProcesses",
+    }
     snap = monitor.sample()
     assert len(snap.gpus) == 2
     assert all(g.memory_used_mib is None and g.utilization_pct is None and g.power_w is None for g in snap.gpus)
@@ -159,7 +169,9 @@ def test_handle_lookup_failure_keeps_the_row_as_na() -> None:
     assert [g.index for g in snap.gpus] == [0, 1] and all(g.name is None for g in snap.gpus)
 
 
-@pytest.mark.parametrize(("error", "words"), [(FakeLibraryNotFound("x"), "no NVIDIA driver"), (FakeNVMLError("weird"), "weird")])
+@pytest.mark.parametrize(
+    ("error", "words"), [(FakeLibraryNotFound("x"), "no NVIDIA driver"), (FakeNVMLError("weird"), "weird")]
+)
 def test_init_failure_is_a_note_not_an_exception(error: Exception, words: str) -> None:
     nvml = FakeNvml(init_error=error)
     monitor = Monitor(nvml)

@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from grpo_tui.cli import main
 from grpo_tui.config import checks
 from grpo_tui.config.checks import check_preset, generation_batch
-from grpo_tui.cli import main
 from grpo_tui.config.overrides import apply_overrides, parse_override, parse_value
+from grpo_tui.config.schema import Preset
 from grpo_tui.config.store import (
     BUILTIN_DIR,
     PresetError,
@@ -23,7 +24,6 @@ from grpo_tui.config.store import (
     load_preset_file,
     save_user_preset,
 )
-from grpo_tui.config.schema import Preset
 
 REAL_GPU_COUNT = checks.visible_gpu_count
 SHIPPED = sorted(p.stem for p in BUILTIN_DIR.glob("*.toml"))
@@ -155,7 +155,10 @@ def test_validate_ok(capsys: pytest.CaptureFixture[str]) -> None:
         ('[loss]\nimpl = "fast"\n', "loss.impl: got 'fast'; Input should be 'chunked', 'naive' or 'trl'"),
         ('[[rewards.functions]]\nname = "gsm8k_correct"\nwieght = 2\n', "rewards.functions.0.wieght: unknown key"),
         ("model = 3\n", "model: got 3"),
-        ("[grpo]\ngeneration_sub_batch = 0\n", "grpo.generation_sub_batch: got 0; Input should be greater than or equal to 1"),
+        (
+            "[grpo]\ngeneration_sub_batch = 0\n",
+            "grpo.generation_sub_batch: got 0; Input should be greater than or equal to 1",
+        ),
         ('[grpo]\nscoring_sub_batch = "half"\n', "grpo.scoring_sub_batch: got 'half'"),
     ],
 )
@@ -255,9 +258,18 @@ def test_several_bad_sets_give_one_line_each() -> None:
             '[distributed]\nnum_machines = 2\nmachine_rank = 2\nmain_process_ip = "10.0.0.1"\n',
             "distributed.machine_rank: got 2; allowed 0..1",
         ),
-        ('[model]\nname_or_path = "builtin:huge"\n', "model.name_or_path: got 'builtin:huge'; built-in models: builtin:tiny-qwen3"),
-        ('[model]\nname_or_path = "./no/such/model"\n', "model.name_or_path: got './no/such/model'; no such local folder"),
-        ('[data]\nsource = "builtin:subtraction"\n', "data.source: got 'builtin:subtraction'; allowed: builtin:addition"),
+        (
+            '[model]\nname_or_path = "builtin:huge"\n',
+            "model.name_or_path: got 'builtin:huge'; built-in models: builtin:tiny-qwen3",
+        ),
+        (
+            '[model]\nname_or_path = "./no/such/model"\n',
+            "model.name_or_path: got './no/such/model'; no such local folder",
+        ),
+        (
+            '[data]\nsource = "builtin:subtraction"\n',
+            "data.source: got 'builtin:subtraction'; allowed: builtin:addition",
+        ),
         ('[data]\nsource = "missing/train.jsonl"\n', "data.source: got 'missing/train.jsonl'; no such file"),
         ('[data]\nsource = "not a dataset"\n', "data.source: got 'not a dataset'; allowed:"),
         (
@@ -286,8 +298,10 @@ def test_cross_field_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str], 
 
 def test_generation_batch_counts_every_factor() -> None:
     preset = Preset.model_validate(
-        {"grpo": {"per_device_batch_size": 3, "gradient_accumulation_steps": 5},
-         "distributed": {"num_processes": 2, "num_machines": 7, "main_process_ip": "h"}}
+        {
+            "grpo": {"per_device_batch_size": 3, "gradient_accumulation_steps": 5},
+            "distributed": {"num_processes": 2, "num_machines": 7, "main_process_ip": "h"},
+        }
     )
     assert generation_batch(preset) == 3 * 5 * 2 * 7
 
@@ -362,8 +376,14 @@ def test_sub_batches_that_cover_the_rollout_are_notes(tmp_path: Path, capsys: py
     assert "grpo.generation_sub_batch: 16 >= the 16 completions each device generates per step" in err
     assert "grpo.scoring_sub_batch: 8 >= per_device_batch_size 8, which scoring already uses" in err
     acting = Preset.model_validate(
-        {"grpo": {"per_device_batch_size": 8, "gradient_accumulation_steps": 2, "generation_sub_batch": 15,
-                  "scoring_sub_batch": 4}}
-    )  # fmt: skip
+        {
+            "grpo": {
+                "per_device_batch_size": 8,
+                "gradient_accumulation_steps": 2,
+                "generation_sub_batch": 15,
+                "scoring_sub_batch": 4,
+            }
+        }
+    )
     result = check_preset(acting, environment=False)
     assert result.ok and not [n for n in result.notes if "sub_batch" in n]

@@ -14,18 +14,18 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import pytest
 
-from grpo_tui.runs.metrics import read_records, step_records
 from grpo_tui.config.schema import PresetError
 from grpo_tui.config.store import load_preset
 from grpo_tui.launch.progress import format_step
+from grpo_tui.launch.supervisor import effective_status, prepare_run, run_foreground, stop_run
 from grpo_tui.runs.failures import failure_reason
 from grpo_tui.runs.folder import RunDir
-from grpo_tui.launch.supervisor import effective_status, prepare_run, run_foreground, stop_run
+from grpo_tui.runs.metrics import read_records, step_records
 
 FAKE = str(Path(__file__).with_name("fake_trainer.py"))
 DEADLINE_S = 60.0
@@ -144,13 +144,18 @@ def test_sigint_twice_kills_the_process_group(tmp_path: Path) -> None:
     ("mode", "expected"),
     [
         ("error", "run failed: RuntimeError: reward function raised at step 2"),
-        ("oom", "run failed: out of memory in the generation phase at step 2: set grpo.generation_sub_batch "
-                "(generate fewer completions at a time), or try a smaller grpo.per_device_batch_size"),
+        (
+            "oom",
+            "run failed: out of memory in the generation phase at step 2: set grpo.generation_sub_batch "
+            "(generate fewer completions at a time), or try a smaller grpo.per_device_batch_size",
+        ),
         ("crash", "run failed: ValueError: fake trainer blew up at step 2"),
         ("selfkill", "run failed: the trainer was killed by SIGKILL (the system may have run out of host memory)"),
     ],
 )
-def test_failure_prints_one_line_reason(tmp_path: Path, capsys: pytest.CaptureFixture[str], mode: str, expected: str) -> None:
+def test_failure_prints_one_line_reason(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], mode: str, expected: str
+) -> None:
     run = fake_run(tmp_path, steps=5, mode=mode)
     code = run_foreground(run.path, out=io.StringIO())
     assert code != 0
@@ -222,8 +227,15 @@ def test_failure_reason_skips_launcher_wrappers(tmp_path: Path) -> None:
 
 
 def test_format_step_shows_gpu_peak_and_impl() -> None:
-    record = {"step": 3, "reward": 0.5, "loss": 0.25, "kl": 0.01, "step_time": 1.5, "loss_impl": "chunked",
-              "memory": {"device": "cuda", "gpus": [{"peak_mib": 900.0}, {"peak_mib": 1200.4}], "rss_mib": 5.0}}
+    record = {
+        "step": 3,
+        "reward": 0.5,
+        "loss": 0.25,
+        "kl": 0.01,
+        "step_time": 1.5,
+        "loss_impl": "chunked",
+        "memory": {"device": "cuda", "gpus": [{"peak_mib": 900.0}, {"peak_mib": 1200.4}], "rss_mib": 5.0},
+    }
     assert format_step(record, 10) == (
         "[######..............] 3/10 reward 0.500 loss 0.25 kl 0.01 1.50 s/step peak 1200 MiB chunked"
     )

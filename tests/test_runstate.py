@@ -14,8 +14,6 @@ from pathlib import Path
 import psutil
 import pytest
 
-from grpo_tui.tools.demo import LiveWriter, make_run, step_record
-from grpo_tui.runs.metrics import read_records
 from grpo_tui.dashboard.state import (
     PEAK_MIB,
     SCAN_TAIL_BYTES,
@@ -29,6 +27,8 @@ from grpo_tui.dashboard.state import (
     run_info,
     scan_runs,
 )
+from grpo_tui.runs.metrics import read_records
+from grpo_tui.tools.demo import LiveWriter, make_run, step_record
 
 
 def _step(step: int, **fields: object) -> dict:
@@ -36,18 +36,32 @@ def _step(step: int, **fields: object) -> dict:
 
 
 def _mem(peak: float, phases: dict[str, float] | None = None, gpus: int = 1) -> dict:
-    return {"device": "cuda", "gpus": [{"index": i, "allocated_mib": peak / 2, "peak_mib": peak + i, "reserved_mib": peak * 1.1}
-                                       for i in range(gpus)],
-            "rss_mib": 500.0, "phases": phases or {"generation": peak * 0.5, "scoring": peak * 0.6, "loss": peak,
-                                                   "optimizer": peak * 0.7}}
+    return {
+        "device": "cuda",
+        "gpus": [
+            {"index": i, "allocated_mib": peak / 2, "peak_mib": peak + i, "reserved_mib": peak * 1.1}
+            for i in range(gpus)
+        ],
+        "rss_mib": 500.0,
+        "phases": phases or {"generation": peak * 0.5, "scoring": peak * 0.6, "loss": peak, "optimizer": peak * 0.7},
+    }
 
 
 # ---- RunState -----------------------------------------------------------------------------------
 def test_columns_per_reward_function_and_tokens_per_s() -> None:
     state = RunState()
-    recs = [_step(s, reward=0.1 * s, reward_std=0.2, loss=0.5, num_tokens=100.0 * s, step_time=0.5,
-                  **{"rewards/acc/mean": 0.1 * s, "rewards/acc/std": 0.3, "rewards/fmt/mean": 1.0, "rewards/fmt/std": 0.0})
-            for s in range(1, 6)]
+    recs = [
+        _step(
+            s,
+            reward=0.1 * s,
+            reward_std=0.2,
+            loss=0.5,
+            num_tokens=100.0 * s,
+            step_time=0.5,
+            **{"rewards/acc/mean": 0.1 * s, "rewards/acc/std": 0.3, "rewards/fmt/mean": 1.0, "rewards/fmt/std": 0.0},
+        )
+        for s in range(1, 6)
+    ]
     assert state.apply(recs)
     assert len(state) == 5 and state.last_step == 5
     assert state.reward_functions == ["acc", "fmt"]
@@ -81,12 +95,27 @@ def test_missing_and_non_numeric_values_become_gaps() -> None:
 
 def test_memory_peaks_per_phase_and_before_after_switch() -> None:
     state = RunState()
-    state.apply([{"event": "start", "time": 999.0, "ranks": [{"pid": 11, "rank": 0, "local_rank": 0, "device": "cuda:0"},
-                                                               {"pid": 12, "rank": 1, "local_rank": 1, "device": "cuda:1"}],
-                  "max_steps": 9, "loss_impl": "chunked"}])
+    state.apply(
+        [
+            {
+                "event": "start",
+                "time": 999.0,
+                "ranks": [
+                    {"pid": 11, "rank": 0, "local_rank": 0, "device": "cuda:0"},
+                    {"pid": 12, "rank": 1, "local_rank": 1, "device": "cuda:1"},
+                ],
+                "max_steps": 9,
+                "loss_impl": "chunked",
+            }
+        ]
+    )
     state.apply([_step(s, memory=_mem(1000.0 + s, gpus=2), loss_impl="chunked") for s in range(1, 4)])
-    state.apply([{"event": "loss_impl_switch", "step": 4, "from": "chunked", "to": "naive", "time": 1003.5},
-                 *[_step(s, memory=_mem(3000.0 - s), loss_impl="naive") for s in range(4, 7)]])
+    state.apply(
+        [
+            {"event": "loss_impl_switch", "step": 4, "from": "chunked", "to": "naive", "time": 1003.5},
+            *[_step(s, memory=_mem(3000.0 - s), loss_impl="naive") for s in range(4, 7)],
+        ]
+    )
     assert state.pid_gpu == {11: 0, 12: 1} and state.pid_rank == {11: 0, 12: 1}
     assert state.max_steps == 9
     assert state.switch_steps == [4] and state.loss_impl == "naive"
@@ -101,14 +130,21 @@ def test_memory_peaks_per_phase_and_before_after_switch() -> None:
 
 def test_cpu_memory_uses_rss_and_odd_memory_records_do_not_break() -> None:
     state = RunState()
-    state.apply([_step(1, memory={"device": "cpu", "gpus": [], "rss_mib": 700.0, "phases": {"loss": 710.0}}),
-                 _step(2, memory="garbage"), _step(3)])
+    state.apply(
+        [
+            _step(1, memory={"device": "cpu", "gpus": [], "rss_mib": 700.0, "phases": {"loss": 710.0}}),
+            _step(2, memory="garbage"),
+            _step(3),
+        ]
+    )
     assert state.series(PEAK_MIB) == ([1], [700.0])
     assert state.series(phase_series("loss")) == ([1], [710.0])
     assert state.phase_peaks == {"loss": 710.0} and state.run_peak_mib == 700.0
 
 
-@pytest.mark.parametrize(("device", "local_rank", "gpu"), [("cuda:3", 3, 3), ("cuda", 2, 2), ("cpu", 0, None), (1, None, 1)])
+@pytest.mark.parametrize(
+    ("device", "local_rank", "gpu"), [("cuda:3", 3, 3), ("cuda", 2, 2), ("cpu", 0, None), (1, None, 1)]
+)
 def test_pid_to_gpu_from_start_records(device: object, local_rank: object, gpu: int | None) -> None:
     state = RunState()
     state.apply([{"event": "start", "pid": 77, "rank": 0, "local_rank": local_rank, "device": device}])
@@ -277,8 +313,14 @@ def test_scan_runs_statuses(tmp_path: Path) -> None:
     infos = {i.name: i for i in scan_runs(tmp_path)}
     assert list(infos) == sorted(infos, reverse=True)  # newest (largest name) first
     assert {k: v.status for k, v in infos.items()} == {
-        "1-finished": "finished", "2-running": "running", "3-lost": "lost", "4-stopped": "stopped",
-        "5-reused-pid": "lost", "6-ended-unrecorded": "finished", "7-crashed": "failed"}
+        "1-finished": "finished",
+        "2-running": "running",
+        "3-lost": "lost",
+        "4-stopped": "stopped",
+        "5-reused-pid": "lost",
+        "6-ended-unrecorded": "finished",
+        "7-crashed": "failed",
+    }
     info = infos["1-finished"]
     assert (info.preset, info.steps, info.loss_impl) == ("tiny-cpu", 5, "chunked")
     assert info.last_reward == read_records(info.path / "metrics.jsonl")[-2]["reward"]

@@ -14,11 +14,10 @@ from pathlib import Path
 
 import pytest
 from e2e_support import free_port
-from tiny_cache import tiny_model_path  # noqa: F401 - session fixture
 
 from grpo_tui.cli import main
-from grpo_tui.runs.metrics import read_records, step_records
 from grpo_tui.runs.folder import RunDir
+from grpo_tui.runs.metrics import read_records, step_records
 
 SRUN = """#!/bin/bash
 cmd="${@: -1}"
@@ -48,13 +47,33 @@ def _prepare(capsys: pytest.CaptureFixture[str], tmp_path: Path, *args: str) -> 
 def test_script_asks_for_the_nodes_and_starts_each_rank_with_its_node_id(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    run = _prepare(capsys, tmp_path, "--set", "distributed.num_machines=3", "--set", "distributed.use_cpu=false",
-                   "--set", "distributed.num_processes=4", "--partition", "gpu", "--time", "04:00:00",
-                   "--sbatch", "cpus-per-task=16")  # fmt: skip
+    run = _prepare(
+        capsys,
+        tmp_path,
+        "--set",
+        "distributed.num_machines=3",
+        "--set",
+        "distributed.use_cpu=false",
+        "--set",
+        "distributed.num_processes=4",
+        "--partition",
+        "gpu",
+        "--time",
+        "04:00:00",
+        "--sbatch",
+        "cpus-per-task=16",
+    )
     script = (run.path / "job.sbatch").read_text()
-    for line in ("#SBATCH --nodes=3", "#SBATCH --ntasks-per-node=1", "#SBATCH --gpus-per-node=4",
-                 "#SBATCH --partition=gpu", "#SBATCH --time=04:00:00", "#SBATCH --cpus-per-task=16",
-                 f"#SBATCH --output={run.path}/slurm-%j.log", f"cd {os.getcwd()}"):  # fmt: skip
+    for line in (
+        "#SBATCH --nodes=3",
+        "#SBATCH --ntasks-per-node=1",
+        "#SBATCH --gpus-per-node=4",
+        "#SBATCH --partition=gpu",
+        "#SBATCH --time=04:00:00",
+        "#SBATCH --cpus-per-task=16",
+        f"#SBATCH --output={run.path}/slurm-%j.log",
+        f"cd {os.getcwd()}",
+    ):
         assert line in script.splitlines(), line
     node = next(line for line in script.splitlines() if line.startswith("NODE_COMMAND="))
     # launcher flags before the training module; the rank and address come from the allocation
@@ -136,14 +155,29 @@ def test_the_script_trains_on_two_nodes(
     (tmp_path / "exit_probe.py").write_text(EXIT_PROBE)
     monkeypatch.syspath_prepend(str(tmp_path))
     rewards = '[{name = "addition_partial"}, {name = "exit_probe:reward", weight = 0.0}]'
-    run = _prepare(capsys, tmp_path, "--set", "distributed.num_machines=2", "--set", "grpo.max_steps=2",
-                   "--set", f"distributed.main_process_port={free_port()}", "--set", f"rewards.functions={rewards}")  # fmt: skip
+    run = _prepare(
+        capsys,
+        tmp_path,
+        "--set",
+        "distributed.num_machines=2",
+        "--set",
+        "grpo.max_steps=2",
+        "--set",
+        f"distributed.main_process_port={free_port()}",
+        "--set",
+        f"rewards.functions={rewards}",
+    )
     stubs = tmp_path / "bin"
     _stub(stubs, "srun", SRUN)
     _stub(stubs, "scontrol", SCONTROL)
-    env = {**os.environ, "PATH": f"{stubs}:{os.environ['PATH']}", "SLURM_JOB_NODELIST": "node-[a-b]",
-           "OMP_NUM_THREADS": "1", "EXIT_PROBE_DIR": str(tmp_path),
-           "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}  # fmt: skip
+    env = {
+        **os.environ,
+        "PATH": f"{stubs}:{os.environ['PATH']}",
+        "SLURM_JOB_NODELIST": "node-[a-b]",
+        "OMP_NUM_THREADS": "1",
+        "EXIT_PROBE_DIR": str(tmp_path),
+        "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
+    }
     done = subprocess.run(["bash", str(run.path / "job.sbatch")], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     records = read_records(run.metrics)
@@ -158,16 +192,27 @@ def test_the_script_trains_on_two_nodes(
 @pytest.mark.slow
 def test_per_node_commands_train_as_two_machines(tiny_model_path: Path, tmp_path: Path) -> None:
     # Without SLURM: command.json's per-node commands, started by hand on each machine (here both on this one)
-    from grpo_tui.launch import supervisor
     from grpo_tui.config.store import load_preset
+    from grpo_tui.launch import supervisor
 
-    preset, _ = load_preset("tiny-cpu", ["distributed.num_machines=2", "distributed.main_process_ip=127.0.0.1",
-                                         f"distributed.main_process_port={free_port()}", "grpo.max_steps=2"])  # fmt: skip
+    preset, _ = load_preset(
+        "tiny-cpu",
+        [
+            "distributed.num_machines=2",
+            "distributed.main_process_ip=127.0.0.1",
+            f"distributed.main_process_port={free_port()}",
+            "grpo.max_steps=2",
+        ],
+    )
     run = supervisor.prepare_run(preset, [], tmp_path / "runs")
     command = json.loads(run.command.read_text())
     env = {**os.environ, **command["env"], "OMP_NUM_THREADS": "1"}
-    nodes = [subprocess.Popen(argv, env=env, cwd=command["cwd"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                              text=True) for argv in command["per_node"]]  # fmt: skip
+    nodes = [
+        subprocess.Popen(
+            argv, env=env, cwd=command["cwd"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+        )
+        for argv in command["per_node"]
+    ]
     errors = [node.communicate(timeout=300)[1] for node in nodes]
     assert [node.returncode for node in nodes] == [0, 0], errors[0][-2000:] + errors[1][-2000:]
     records = read_records(run.metrics)
@@ -176,9 +221,9 @@ def test_per_node_commands_train_as_two_machines(tiny_model_path: Path, tmp_path
 
 
 def test_app_follows_a_submitted_run_through_its_stream(tmp_path: Path) -> None:
-    from grpo_tui.runs.metrics import MetricsWriter
-    from grpo_tui.runs.listing import run_info
     from grpo_tui.launch.supervisor import effective_status
+    from grpo_tui.runs.listing import run_info
+    from grpo_tui.runs.metrics import MetricsWriter
 
     run = RunDir.create(tmp_path, "tiny-cpu")
     run.update_status(status="submitted", launcher="slurm", created=1.0)

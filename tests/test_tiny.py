@@ -7,7 +7,6 @@ from pathlib import Path
 import pytest
 
 from grpo_tui.tasks import tiny
-from tiny_cache import tiny_model_path  # noqa: F401 - session fixture
 
 
 def test_character_tokenizer_round_trip() -> None:

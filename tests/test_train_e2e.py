@@ -9,18 +9,21 @@ from pathlib import Path
 import pytest
 from e2e_support import interrupt_after_steps
 from test_trainer import make_run
-from tiny_cache import tiny_model_path  # noqa: F401 - session fixture
 
-from grpo_tui.train import entry
 from grpo_tui.runs.metrics import read_records, step_records
+from grpo_tui.train import entry
 
 pytestmark = pytest.mark.slow
 
 
 def test_sigint_stops_at_a_step_boundary(tiny_model_path: Path, tmp_path: Path) -> None:
     run = make_run(tmp_path, "sigint", grpo={"max_steps": 5000}, loss={"impl": "naive"})
-    proc = subprocess.Popen([sys.executable, "-m", "grpo_tui.train", "--run-dir", str(run.path)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "grpo_tui.train", "--run-dir", str(run.path)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     _, stderr = interrupt_after_steps(proc, lambda: run.metrics, start_s=120, stop_s=60)
     assert proc.returncode == 0, stderr[-2000:]
     records = read_records(run.metrics)
@@ -38,8 +41,13 @@ def test_out_of_memory_is_reported_with_its_phase(tiny_model_path: Path, tmp_pat
         "import torch\n\ndef boom(completions, **kw):\n    raise torch.OutOfMemoryError('CUDA out of memory. Tried to allocate 2 GiB')\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
-    run = make_run(tmp_path, "oom", grpo={"max_steps": 3}, loss={"impl": "naive"},
-                   rewards={"functions": [{"name": "oom_reward:boom"}]})  # fmt: skip
+    run = make_run(
+        tmp_path,
+        "oom",
+        grpo={"max_steps": 3},
+        loss={"impl": "naive"},
+        rewards={"functions": [{"name": "oom_reward:boom"}]},
+    )
     assert entry.main(["--run-dir", str(run.path)]) == entry.EXIT_OOM
     records = read_records(run.metrics)
     oom = [r for r in records if r.get("event") == "oom"]

@@ -9,11 +9,10 @@ from typing import Any
 
 import pytest
 import tomli_w
-from tiny_cache import tiny_model_path  # noqa: F401 - session fixture
 
-from grpo_tui.train import entry
-from grpo_tui.runs.metrics import read_records, step_records
 from grpo_tui.runs.folder import RunDir, write_json_atomic
+from grpo_tui.runs.metrics import read_records, step_records
+from grpo_tui.train import entry
 
 TINY_PRESET = Path(__file__).resolve().parents[1] / "presets" / "tiny-cpu.toml"
 # fp32 on the CPU: the three implementations differ only in summation order (~1e-7 relative); the
@@ -60,8 +59,18 @@ def test_chunked_matches_baseline_over_five_steps(impl_runs: dict, impl: str) ->
 
 def test_step_records_are_complete(impl_runs: dict) -> None:
     for record in impl_runs["chunked"]:
-        for key in ("reward", "reward_std", "loss", "grad_norm", "learning_rate", "entropy", "num_tokens",
-                    "rewards/addition_partial/mean", "clip_ratio/region_mean", "completions/mean_length"):  # fmt: skip
+        for key in (
+            "reward",
+            "reward_std",
+            "loss",
+            "grad_norm",
+            "learning_rate",
+            "entropy",
+            "num_tokens",
+            "rewards/addition_partial/mean",
+            "clip_ratio/region_mean",
+            "completions/mean_length",
+        ):
             assert isinstance(record[key], float), key
         memory = record["memory"]
         assert memory["device"] == "cpu" and memory["rss_mib"] > 0
@@ -103,8 +112,9 @@ def test_lora_chunked_matches_naive(tiny_model_path: Path, tmp_path: Path) -> No
     lora = {"enabled": True, "r": 4, "alpha": 8.0, "dropout": 0.0, "target_modules": ["q_proj", "v_proj"]}
     results = {}
     for impl in ("chunked", "naive"):
-        run = make_run(tmp_path, impl, grpo={"max_steps": 3, "learning_rate": 1e-2, "beta": 0.1},
-                       loss={"impl": impl}, peft=lora)  # fmt: skip
+        run = make_run(
+            tmp_path, impl, grpo={"max_steps": 3, "learning_rate": 1e-2, "beta": 0.1}, loss={"impl": impl}, peft=lora
+        )
         code, steps, _ = run_steps(run)
         assert code == 0
         results[impl] = steps
@@ -117,8 +127,13 @@ def test_lora_chunked_matches_naive(tiny_model_path: Path, tmp_path: Path) -> No
 
 
 def test_lora_on_lm_head_refused_with_chunked(tiny_model_path: Path, tmp_path: Path) -> None:
-    run = make_run(tmp_path, "head", grpo={"max_steps": 2}, loss={"impl": "chunked"},
-                   peft={"enabled": True, "target_modules": ["q_proj", "lm_head"]})  # fmt: skip
+    run = make_run(
+        tmp_path,
+        "head",
+        grpo={"max_steps": 2},
+        loss={"impl": "chunked"},
+        peft={"enabled": True, "target_modules": ["q_proj", "lm_head"]},
+    )
     code, steps, events = run_steps(run)
     # TRL 1.16 itself refuses an adapter on lm_head (its fused head reads the plain weight too)
     assert code != 0 and steps == []
@@ -163,8 +178,9 @@ def test_chunked_matches_naive_across_loss_settings(tiny_model_path: Path, tmp_p
 
 def test_tiny_cpu_reward_rises(tiny_model_path: Path, tmp_path: Path) -> None:
     """A short version of the embedded default's learning claim (the full 400-step run gains ~+0.4)."""
-    run = make_run(tmp_path, "learn", grpo={"max_steps": 150}, loss={"impl": "chunked"},
-                   logging={"completions_per_step": 0})  # fmt: skip
+    run = make_run(
+        tmp_path, "learn", grpo={"max_steps": 150}, loss={"impl": "chunked"}, logging={"completions_per_step": 0}
+    )
     code, steps, _ = run_steps(run)
     assert code == 0 and len(steps) == 150
     rewards = [r["reward"] for r in steps]
@@ -239,8 +255,9 @@ def test_phase_memory_on_cpu_catches_a_spike_freed_before_the_phase_ends() -> No
 def _trainer(tiny_model_path: Path, tmp_path: Path, name: str, **grpo: Any) -> Any:
     from grpo_tui.config.schema import Preset
 
-    run = make_run(tmp_path, name, grpo={"max_steps": 2, "per_device_batch_size": 8, "num_generations": 4,
-                                         "beta": 0.1, **grpo})  # fmt: skip
+    run = make_run(
+        tmp_path, name, grpo={"max_steps": 2, "per_device_batch_size": 8, "num_generations": 4, "beta": 0.1, **grpo}
+    )
     preset = Preset.model_validate(tomllib.loads(run.config.read_text()))
     return entry.build_trainer(preset, run)
 
@@ -259,7 +276,9 @@ def _batch_sizes(module: Any, grad: bool | None = None) -> list[int]:
     return sizes
 
 
-def test_generation_sub_batch_slices_the_rollout_and_keeps_each_completion(tiny_model_path: Path, tmp_path: Path) -> None:
+def test_generation_sub_batch_slices_the_rollout_and_keeps_each_completion(
+    tiny_model_path: Path, tmp_path: Path
+) -> None:
     trainer = _trainer(tiny_model_path, tmp_path, "gen", generation_sub_batch=3)
     trainer.generation_config.do_sample = False  # greedy: each completion is a function of its prompt alone
     prompts = [row["prompt"] for row in trainer.train_dataset.select(range(2)) for _ in range(4)]
@@ -274,7 +293,9 @@ def test_generation_sub_batch_slices_the_rollout_and_keeps_each_completion(tiny_
     assert sliced == whole and len(whole) == 8 and all(len(c) > 0 for c in whole)
 
 
-def test_scoring_sub_batch_slices_only_the_no_grad_forwards_and_keeps_the_loss(tiny_model_path: Path, tmp_path: Path) -> None:
+def test_scoring_sub_batch_slices_only_the_no_grad_forwards_and_keeps_the_loss(
+    tiny_model_path: Path, tmp_path: Path
+) -> None:
     history = {}
     for name, size in (("whole", None), ("sliced", 3)):
         trainer = _trainer(tiny_model_path, tmp_path, name, **({"scoring_sub_batch": size} if size else {}))
@@ -300,7 +321,12 @@ def test_naive_entropy_is_a_metric_kept_out_of_the_loss_graph() -> None:
     results = {}
     for grad in (False, True):
         sizes: list[int] = []
-        with torch.autograd.graph.saved_tensors_hooks(lambda t: sizes.append(t.numel()) or t, lambda t: t):
+
+        def pack(t: torch.Tensor, sizes: list[int] = sizes) -> torch.Tensor:
+            sizes.append(t.numel())
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             results[grad] = naive_logps_and_entropies(logits, ids, 0.7, entropy_grad=grad)
         saved[grad] = sum(sizes)
     (logps, ent), (logps_g, ent_g) = results[False], results[True]

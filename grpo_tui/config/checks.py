@@ -13,8 +13,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from grpo_tui.tasks.data import BUILTIN_ADDITION, LOCAL_SUFFIXES
 from grpo_tui.config.schema import Preset
+from grpo_tui.tasks.data import BUILTIN_ADDITION, LOCAL_SUFFIXES
 from grpo_tui.tasks.rewards import REWARDS
 from grpo_tui.tasks.shapes import QWEN3_SHAPES
 from grpo_tui.tasks.tiny import BUILTIN_MODEL

@@ -8,7 +8,7 @@ the dotted path of the field, the bad value, and what is allowed.
 from __future__ import annotations
 
 import re
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -103,7 +103,9 @@ class GrpoSection(_Section):
 
 
 class LossSection(_Section):
-    impl: LossImpl = Field("chunked", description="chunked (our Triton kernel) | naive (full logits) | trl (TRL's fused head)")
+    impl: LossImpl = Field(
+        "chunked", description="chunked (our Triton kernel) | naive (full logits) | trl (TRL's fused head)"
+    )
     baseline: Literal["naive", "trl"] = Field("naive", description="What the live toggle switches to from chunked")
     chunk_tokens: PositiveInt | None = Field(None, description="Tokens per kernel chunk; default picks by vocab size")
     lean: bool = Field(False, description="Accumulate the lm_head gradient in the weight's dtype (less memory)")

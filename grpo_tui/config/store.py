@@ -9,7 +9,6 @@ carrying one line per problem, ready to print.
 from __future__ import annotations
 
 import importlib.resources
-
 import os
 import tomllib
 from dataclasses import dataclass

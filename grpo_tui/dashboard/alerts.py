@@ -18,8 +18,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from grpo_tui.dashboard.monitor import MonitorSnapshot
-from grpo_tui.runs.failures import oom_message
 from grpo_tui.dashboard.state import PEAK_MIB, RunState
+from grpo_tui.runs.failures import oom_message
 
 # frac_reward_zero_std at or above this counts as "no learning signal" for a step.
 ZERO_STD_FRAC = 0.9
@@ -53,7 +53,14 @@ CREEP_FRAC = 0.05
 ALERT_SCAN_STEPS = 500
 
 NO_SIGNAL, KL_SPIKE, CLIPPED, ENTROPY_COLLAPSE, STALL, MEMORY_CREEP, RUN_FAILED = (
-    "no_signal", "kl_spike", "clipped_completions", "entropy_collapse", "stall", "memory_creep", "run_failed")
+    "no_signal",
+    "kl_spike",
+    "clipped_completions",
+    "entropy_collapse",
+    "stall",
+    "memory_creep",
+    "run_failed",
+)
 ALERT_KINDS = (NO_SIGNAL, KL_SPIKE, CLIPPED, ENTROPY_COLLAPSE, STALL, MEMORY_CREEP, RUN_FAILED)
 
 
@@ -104,8 +111,10 @@ class _NoSignal(_Tracker):
     def flag(self, value: float, step: int) -> str | None:
         if value < ZERO_STD_FRAC:
             return None
-        return (f"no learning signal: every group's rewards are identical (frac_reward_zero_std ≥ {ZERO_STD_FRAC} "
-                f"for {ZERO_STD_STEPS}+ steps); loss sits at 0 — raise temperature or num_generations, or ease the reward")
+        return (
+            f"no learning signal: every group's rewards are identical (frac_reward_zero_std ≥ {ZERO_STD_FRAC} "
+            f"for {ZERO_STD_STEPS}+ steps); loss sits at 0 — raise temperature or num_generations, or ease the reward"
+        )
 
 
 class _KlSpike(_Tracker):
@@ -120,8 +129,10 @@ class _KlSpike(_Tracker):
         if len(self.recent) == KL_WINDOW and value > KL_FLOOR:
             median = statistics.median(self.recent)
             if value > KL_SPIKE_FACTOR * median:
-                message = (f"KL spike at step {step}: {value:.4g} vs recent median {median:.3g} "
-                           f"(>{KL_SPIKE_FACTOR:g}x) — lower the learning rate or raise beta")
+                message = (
+                    f"KL spike at step {step}: {value:.4g} vs recent median {median:.3g} "
+                    f"(>{KL_SPIKE_FACTOR:g}x) — lower the learning rate or raise beta"
+                )
         self.recent.append(value)
         return message
 
@@ -132,8 +143,10 @@ class _Clipped(_Tracker):
     def flag(self, value: float, step: int) -> str | None:
         if value <= CLIPPED_RATIO:
             return None
-        return (f"{value:.0%} of completions hit max_completion_length (>{CLIPPED_RATIO:.0%} for {CLIPPED_STEPS}+ "
-                "steps) — raise grpo.max_completion_length")
+        return (
+            f"{value:.0%} of completions hit max_completion_length (>{CLIPPED_RATIO:.0%} for {CLIPPED_STEPS}+ "
+            "steps) — raise grpo.max_completion_length"
+        )
 
 
 class _EntropyCollapse(_Tracker):
@@ -150,8 +163,10 @@ class _EntropyCollapse(_Tracker):
         early_mean = sum(self.early) / len(self.early)
         if early_mean <= 0 or value >= ENTROPY_COLLAPSE_FRAC * early_mean:
             return None
-        return (f"entropy collapsed to {value:.3g} (< {ENTROPY_COLLAPSE_FRAC:g} x early mean {early_mean:.3g}): the "
-                "policy stopped exploring — lower the learning rate or raise temperature")
+        return (
+            f"entropy collapsed to {value:.3g} (< {ENTROPY_COLLAPSE_FRAC:g} x early mean {early_mean:.3g}): the "
+            "policy stopped exploring — lower the learning rate or raise temperature"
+        )
 
 
 class _MemoryCreep(_Tracker):
@@ -168,8 +183,10 @@ class _MemoryCreep(_Tracker):
         first = self.last[0]
         if self.rising < CREEP_STEPS or first <= 0 or value <= first * (1 + CREEP_FRAC):
             return None
-        return (f"peak memory rose every step for {CREEP_STEPS} steps ({first:.0f} → {value:.0f} MiB): "
-                "fragmentation or a leak — try PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")
+        return (
+            f"peak memory rose every step for {CREEP_STEPS} steps ({first:.0f} → {value:.0f} MiB): "
+            "fragmentation or a leak — try PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
+        )
 
 
 _TRACKERS = (_NoSignal, _KlSpike, _Clipped, _EntropyCollapse, _MemoryCreep)
@@ -204,8 +221,14 @@ def _stall(state: RunState, snapshot: MonitorSnapshot | None, now: float | None)
     if utils and max(utils) > STALL_GPU_UTIL_PCT:
         return []  # the GPU is busy: a slow step (e.g. a long generation), not a stall
     where = f" while GPU utilisation is {max(utils):.0f}%" if utils else ""
-    return [Alert(STALL, "error", state.last_step,
-                  f"stalled: no new step for {idle:.0f} s after step {state.last_step}{where} — check stdout.log")]
+    return [
+        Alert(
+            STALL,
+            "error",
+            state.last_step,
+            f"stalled: no new step for {idle:.0f} s after step {state.last_step}{where} — check stdout.log",
+        )
+    ]
 
 
 def _failed(state: RunState) -> list[Alert]:
@@ -219,8 +242,13 @@ def _failed(state: RunState) -> list[Alert]:
     return out
 
 
-def detect_alerts(state: RunState, snapshot: MonitorSnapshot | None = None, *, window: int | None = ALERT_SCAN_STEPS,
-                  now: float | None = None) -> list[Alert]:
+def detect_alerts(
+    state: RunState,
+    snapshot: MonitorSnapshot | None = None,
+    *,
+    window: int | None = ALERT_SCAN_STEPS,
+    now: float | None = None,
+) -> list[Alert]:
     """Alert episodes in the last `window` steps (None: the whole run), oldest first.
 
     Args:

@@ -17,8 +17,8 @@ from textual import work
 from textual.app import App
 from textual.binding import Binding
 
-from grpo_tui.dashboard.messages import RunStarted, RunStartFailed, StopRequested
 from grpo_tui.config.schema import Preset
+from grpo_tui.dashboard.messages import RunStarted, RunStartFailed, StopRequested
 
 # Starts a preset: returns the run folder and the supervisor's pid (tests inject a fake).
 Launcher = Callable[[Preset, Path | None], tuple[Path, int | None]]
@@ -44,9 +44,18 @@ class GrpoTuiApp(App[int]):
         Binding("ctrl+c", "quit_app", "Quit", show=False, priority=True, id="app.ctrl_c"),
     ]
 
-    def __init__(self, runs_dir: Path | None = None, *, monitor: Any = None, clock: Callable[[], float] = time.time,
-                 launcher: Launcher | None = None, poll_interval: float = 0.4, auto_attach: bool = True,
-                 select_preset: str | None = None, open_run: Path | None = None) -> None:
+    def __init__(
+        self,
+        runs_dir: Path | None = None,
+        *,
+        monitor: Any = None,
+        clock: Callable[[], float] = time.time,
+        launcher: Launcher | None = None,
+        poll_interval: float = 0.4,
+        auto_attach: bool = True,
+        select_preset: str | None = None,
+        open_run: Path | None = None,
+    ) -> None:
         super().__init__()
         self.runs_dir_given = runs_dir is not None
         self.runs_dir = Path(runs_dir) if runs_dir is not None else Path("runs")
@@ -200,9 +209,16 @@ def binding_owners() -> list[tuple[str, type]]:
     from grpo_tui.dashboard.screens.presets import PresetScreen
     from grpo_tui.dashboard.screens.runs import RunsScreen
 
-    return [("everywhere", GrpoTuiApp), ("presets", PresetScreen), ("editor", PresetEditorScreen),
-            ("dashboard", DashboardScreen), ("runs", RunsScreen), ("compare", CompareScreen),
-            ("confirm", ConfirmScreen), ("quit", QuitScreen)]
+    return [
+        ("everywhere", GrpoTuiApp),
+        ("presets", PresetScreen),
+        ("editor", PresetEditorScreen),
+        ("dashboard", DashboardScreen),
+        ("runs", RunsScreen),
+        ("compare", CompareScreen),
+        ("confirm", ConfirmScreen),
+        ("quit", QuitScreen),
+    ]
 
 
 def create_app(**kwargs: Any) -> GrpoTuiApp:

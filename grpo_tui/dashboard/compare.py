@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from grpo_tui.runs.metrics import PHASES
 from grpo_tui.dashboard.state import PEAK_MIB, RunState
+from grpo_tui.runs.metrics import PHASES
 
 # Steps averaged for a run's "final reward".
 FINAL_REWARD_STEPS = 10
@@ -61,8 +61,9 @@ def aligned(a: RunState, b: RunState, name: str) -> tuple[list[float], list[floa
     return [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows]
 
 
-def compare_runs(a: RunState, b: RunState, overlay: tuple[str, ...] = ("reward", PEAK_MIB),
-                 labels: tuple[str, str] = ("", "")) -> ComparisonTable:
+def compare_runs(
+    a: RunState, b: RunState, overlay: tuple[str, ...] = ("reward", PEAK_MIB), labels: tuple[str, str] = ("", "")
+) -> ComparisonTable:
     """The table of both runs plus `overlay` metrics aligned on their common steps.
 
     To overlay runs of different lengths in full, draw `a.series(name)` and `b.series(name)` instead.
@@ -78,5 +79,10 @@ def compare_runs(a: RunState, b: RunState, overlay: tuple[str, ...] = ("reward",
     for name in overlay:
         xs, ya, yb = aligned(a, b, name)
         overlays[name] = (xs, ya, yb)
-    return ComparisonTable(rows=(summarize(a, labels[0]), summarize(b, labels[1])), common_steps=len(steps),
-                           max_abs_reward_delta=max_delta, max_delta_step=at, overlays=overlays)
+    return ComparisonTable(
+        rows=(summarize(a, labels[0]), summarize(b, labels[1])),
+        common_steps=len(steps),
+        max_abs_reward_delta=max_delta,
+        max_delta_step=at,
+        overlays=overlays,
+    )

@@ -17,12 +17,12 @@ from pathlib import Path
 from typing import Any
 
 from grpo_tui.dashboard.alerts import Alert, AlertLog, detect_alerts
-from grpo_tui.runs.completions import CompletionIndex, PromptGroup
-from grpo_tui.runs.metrics import PHASES
 from grpo_tui.dashboard.monitor import GpuHistory, MonitorSnapshot
+from grpo_tui.dashboard.state import PEAK_MIB, RunState, load_recent, load_run, phase_series, read_config, run_info
+from grpo_tui.runs.completions import CompletionIndex, PromptGroup
 from grpo_tui.runs.folder import RunDir, read_json
 from grpo_tui.runs.listing import LIVE_STATES
-from grpo_tui.dashboard.state import PEAK_MIB, RunState, load_recent, load_run, phase_series, read_config, run_info
+from grpo_tui.runs.metrics import PHASES
 
 # Points per drawn series: about two per cell of a wide chart, so nothing visible is lost.
 MAX_POINTS = 400
@@ -166,9 +166,15 @@ class DashboardFeed:
     def _view(self, state: RunState, snapshot: MonitorSnapshot | None, now: float) -> DashboardView:
         progress = state.progress(now)
         median = state.median_step_time(20)
-        info = ProgressInfo(step=progress.step, max_steps=progress.max_steps, elapsed_s=progress.elapsed_s,
-                            eta_s=progress.eta_s, steps_per_s=(1.0 / median) if median else None,
-                            state=self._status, loss_impl=state.loss_impl or None)
+        info = ProgressInfo(
+            step=progress.step,
+            max_steps=progress.max_steps,
+            elapsed_s=progress.elapsed_s,
+            eta_s=progress.eta_s,
+            steps_per_s=(1.0 / median) if median else None,
+            state=self._status,
+            loss_impl=state.loss_impl or None,
+        )
         control = read_json(self.run.control) or {}
         live = self._status in LIVE_STATES
         pending = control.get("loss_impl") if live and control.get("loss_impl") != state.loss_impl else None
@@ -178,15 +184,27 @@ class DashboardFeed:
             switch = state.events_of("loss_impl_switch")[-1]
             label = f"{switch.data.get('from', '?')} → {switch.data.get('to', '?')} at step {switch.step}"
         return DashboardView(
-            run_name=self.run.name, preset=state.preset, status=self._status, progress=info,
-            charts=self._charts or build_charts(state), snapshot=snapshot,
+            run_name=self.run.name,
+            preset=state.preset,
+            status=self._status,
+            progress=info,
+            charts=self._charts or build_charts(state),
+            snapshot=snapshot,
             history=_memory_history(self._history),
-            run_peaks=_run_peaks(state), rank_pids=dict(state.pid_rank), step_peaks=_recent_peaks(state),
-            phases=phase_rows(state), switch_label=label, loss_impl=state.loss_impl, baseline=self._baseline,
-            pending_impl=str(pending) if pending else None, log_lines=tuple(self._log),
-            alerts=tuple(self._alert_log.alerts), active_alerts=tuple(self._alert_log.active(state)),
+            run_peaks=_run_peaks(state),
+            rank_pids=dict(state.pid_rank),
+            step_peaks=_recent_peaks(state),
+            phases=phase_rows(state),
+            switch_label=label,
+            loss_impl=state.loss_impl,
+            baseline=self._baseline,
+            pending_impl=str(pending) if pending else None,
+            log_lines=tuple(self._log),
+            alerts=tuple(self._alert_log.alerts),
+            active_alerts=tuple(self._alert_log.active(state)),
             completion_steps=tuple(self._completions.steps) if self._completions is not None else (),
-            stop_requested=bool(control.get("stop")), generation=self._generation,
+            stop_requested=bool(control.get("stop")),
+            generation=self._generation,
             partial=state.partial,
         )
 
@@ -219,8 +237,9 @@ def build_charts(state: RunState) -> ChartData:
     std = [0.0 if math.isnan(v) else v for v in std]
     funcs = {name: _pair(state.downsampled(f"rewards/{name}/mean", MAX_POINTS)) for name in state.reward_functions}
     metrics = {title: _pair(state.downsampled(name, MAX_POINTS)) for title, name in METRIC_CHARTS}
-    return ChartData(reward=(list(xs), list(mean), std), funcs=funcs, metrics=metrics,
-                     switches=list(state.switch_steps))
+    return ChartData(
+        reward=(list(xs), list(mean), std), funcs=funcs, metrics=metrics, switches=list(state.switch_steps)
+    )
 
 
 def _pair(series: tuple[list[float], ...]) -> tuple[list[float], list[float]]:
@@ -236,9 +255,12 @@ def phase_rows(state: RunState) -> dict[str, dict[str, float | None]]:
         last = state.last(phase_series(phase))
         if last is None and phase not in state.phase_peaks:
             continue
-        rows[phase] = {"last": last, "peak": state.phase_peaks.get(phase),
-                       "before": state.phase_peaks_before_switch.get(phase),
-                       "after": state.phase_peaks_since_switch.get(phase)}
+        rows[phase] = {
+            "last": last,
+            "peak": state.phase_peaks.get(phase),
+            "before": state.phase_peaks_before_switch.get(phase),
+            "after": state.phase_peaks_since_switch.get(phase),
+        }
     return rows
 
 
@@ -267,7 +289,7 @@ def _recent_peaks(state: RunState, count: int = 120) -> tuple[float, ...]:
 def _live_status(path: Path, state: RunState) -> str:
     try:
         return run_info(path).status
-    except Exception:  # noqa: BLE001 - a half-written run.json must not stop the feed
+    except Exception:  # a half-written run.json must not stop the feed
         return state.status
 
 
@@ -275,4 +297,3 @@ def _status_pids(run: RunDir) -> list[int]:
     status = run.read_status()
     pids = [status.get("child_pid"), status.get("pid")]
     return [p for p in pids if isinstance(p, int)]
-

@@ -111,7 +111,7 @@ class Monitor:
         nvml = self._nvml
         try:
             return fn(*args)
-        except Exception as exc:  # noqa: BLE001 - NVMLError subclasses, plus AttributeError from old bindings
+        except Exception as exc:  # NVMLError subclasses, plus AttributeError from old bindings
             if nvml is not None and isinstance(exc, getattr(nvml, "NVMLError", ())):
                 return None
             if isinstance(exc, (AttributeError, TypeError, ValueError, OSError)):
@@ -130,7 +130,7 @@ class Monitor:
             return False
         try:
             nvml.nvmlInit()
-        except Exception as exc:  # noqa: BLE001 - NVMLError_LibraryNotFound, DriverNotLoaded, ...
+        except Exception as exc:  # NVMLError_LibraryNotFound, DriverNotLoaded, ...
             self._init_note = f"NVML unavailable: {_nvml_reason(exc)} — showing host RAM and CPU"
             return False
         self._nvml_ok = True

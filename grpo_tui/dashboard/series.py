@@ -117,10 +117,13 @@ def _memory_columns_slow(recs: list[dict[str, Any]]) -> list[array]:
         gpus = [g for g in mem.get("gpus") or () if isinstance(g, dict)]
         rss = num(mem.get("rss_mib"))
         phases = mem.get("phases") if isinstance(mem.get("phases"), dict) else {}
-        values = [nanmax([num(g.get("peak_mib")) for g in gpus]) if gpus else rss,
-                  nanmax([num(g.get("allocated_mib")) for g in gpus]),
-                  nanmax([num(g.get("reserved_mib")) for g in gpus]),
-                  rss, *(num(phases.get(p)) for p in PHASES)]
+        values = [
+            nanmax([num(g.get("peak_mib")) for g in gpus]) if gpus else rss,
+            nanmax([num(g.get("allocated_mib")) for g in gpus]),
+            nanmax([num(g.get("reserved_mib")) for g in gpus]),
+            rss,
+            *(num(phases.get(p)) for p in PHASES),
+        ]
         for col, value in zip(out, values):
             col.append(NAN if value is None else value)
     return out

@@ -24,8 +24,6 @@ from itertools import compress
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from grpo_tui.runs.metrics import PHASES, MetricsTail, parse_lines, as_float, as_int
-from grpo_tui.runs.listing import SCAN_TAIL_BYTES, RunInfo, pid_alive, read_config, run_info, scan_runs, stream_status
 from grpo_tui.dashboard.series import (
     NAN,
     bucket_pair,
@@ -38,11 +36,29 @@ from grpo_tui.dashboard.series import (
     nanmax,
     nans,
 )
+from grpo_tui.runs.listing import SCAN_TAIL_BYTES, RunInfo, pid_alive, read_config, run_info, scan_runs, stream_status
+from grpo_tui.runs.metrics import PHASES, MetricsTail, as_float, as_int, parse_lines
 
 # Re-exported: the dashboard imports these from here.
-__all__ = ["NAN", "PEAK_MIB", "TOKENS_PER_S", "Progress", "RunEvent", "RunInfo", "RunState", "SCAN_TAIL_BYTES",
-           "downsample", "downsample_indices", "load_recent", "load_run", "phase_series", "pid_alive", "read_config",
-           "run_info", "scan_runs"]
+__all__ = [
+    "NAN",
+    "PEAK_MIB",
+    "TOKENS_PER_S",
+    "Progress",
+    "RunEvent",
+    "RunInfo",
+    "RunState",
+    "SCAN_TAIL_BYTES",
+    "downsample",
+    "downsample_indices",
+    "load_recent",
+    "load_run",
+    "phase_series",
+    "pid_alive",
+    "read_config",
+    "run_info",
+    "scan_runs",
+]
 
 # Step records' keys that are not metrics (never become series).
 NON_SERIES_KEYS = frozenset({"v", "step", "event", "loss_impl", "memory", "pid", "rank", "local_rank", "device"})
@@ -266,8 +282,11 @@ class RunState:
             return ([], [], *([] for _ in also))
         idx = self._downsample_idx(name, col, max_points)
         steps, others = self.steps, [self._cols.get(a) for a in also]
-        return ([steps[i] for i in idx], [col[i] for i in idx],
-                *([o[i] for i in idx] if o is not None else [NAN] * len(idx) for o in others))
+        return (
+            [steps[i] for i in idx],
+            [col[i] for i in idx],
+            *([o[i] for i in idx] if o is not None else [NAN] * len(idx) for o in others),
+        )
 
     def _downsample_idx(self, name: str, col: array, max_points: int) -> list[int]:
         n, buckets = len(col), (max_points - 2) // 2
@@ -305,8 +324,9 @@ class RunState:
     @property
     def reward_functions(self) -> list[str]:
         """Reward function names found as `rewards/<name>/mean`."""
-        return sorted(k[len("rewards/"):-len("/mean")] for k in self._cols
-                      if k.startswith("rewards/") and k.endswith("/mean"))
+        return sorted(
+            k[len("rewards/") : -len("/mean")] for k in self._cols if k.startswith("rewards/") and k.endswith("/mean")
+        )
 
     def events_of(self, *kinds: str) -> list[RunEvent]:
         return [e for e in self.events if e.kind in kinds]
@@ -349,8 +369,9 @@ class RunState:
 def _new_state(root: Path) -> RunState:
     config = read_config(root)
     grpo, loss = config.get("grpo", {}), config.get("loss", {})
-    state = RunState(max_steps=as_int(grpo.get("max_steps")), preset=str(config.get("name", "")),
-                     loss_impl=str(loss.get("impl", "")))
+    state = RunState(
+        max_steps=as_int(grpo.get("max_steps")), preset=str(config.get("name", "")), loss_impl=str(loss.get("impl", ""))
+    )
     state.run_dir = root
     return state
 

@@ -6,8 +6,8 @@ Plain text (no terminal control codes) so the output reads the same in a termina
 from __future__ import annotations
 
 import time
-from pathlib import Path
-from typing import Any, Callable, TextIO
+from collections.abc import Callable
+from typing import Any, TextIO
 
 from grpo_tui.runs.metrics import is_step
 

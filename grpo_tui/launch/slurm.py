@@ -16,8 +16,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from grpo_tui.launch.command import build_launch_command, launch_env
 from grpo_tui.config.schema import Preset
+from grpo_tui.launch.command import build_launch_command, launch_env
 
 # `#SBATCH --OPTION=VALUE`: long option names only (letters, digits, dashes).
 _OPTION = re.compile(r"[A-Za-z][A-Za-z0-9-]*")
@@ -69,16 +69,27 @@ def build_parser() -> argparse.ArgumentParser:
         prog="grpo-tui slurm", description="Prepare a run folder and an sbatch script for a multi-node SLURM job."
     )
     parser.add_argument("preset", help="preset name or path to a .toml file")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a field, TOML value syntax (e.g. distributed.num_machines=4); repeatable")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a field, TOML value syntax (e.g. distributed.num_machines=4); repeatable",
+    )
     parser.add_argument("--runs-dir", type=Path, help="parent folder of run folders, on a filesystem every node sees")
     parser.add_argument("--partition", help="#SBATCH --partition")
     parser.add_argument("--time", help="#SBATCH --time, e.g. 04:00:00")
     parser.add_argument("--account", help="#SBATCH --account")
-    parser.add_argument("--sbatch", action="append", default=[], metavar="OPTION=VALUE",
-                        help="any other #SBATCH option, e.g. --sbatch cpus-per-task=16; repeatable")
+    parser.add_argument(
+        "--sbatch",
+        action="append",
+        default=[],
+        metavar="OPTION=VALUE",
+        help="any other #SBATCH option, e.g. --sbatch cpus-per-task=16; repeatable",
+    )
     parser.add_argument("--submit", action="store_true", help="run sbatch on the script and record the job id")
-    return parser  # fmt: skip
+    return parser
 
 
 def sbatch_options(args: argparse.Namespace) -> dict[str, str]:
@@ -101,10 +112,10 @@ def sbatch_options(args: argparse.Namespace) -> dict[str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from grpo_tui.launch import supervisor
     from grpo_tui.config.checks import check_preset
     from grpo_tui.config.schema import PresetError
     from grpo_tui.config.store import load_preset
+    from grpo_tui.launch import supervisor
     from grpo_tui.runs.listing import SUBMITTED
 
     args = build_parser().parse_args(argv)

@@ -16,20 +16,20 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, TextIO
+from typing import Any, TextIO
 
 from grpo_tui.config.checks import check_preset
-from grpo_tui.launch.command import build_launch_command, launch_env, per_node_commands, write_accelerate_config
-from grpo_tui.runs.metrics import MetricsTail
 from grpo_tui.config.overrides import apply_overrides
-from grpo_tui.config.schema import PresetError
+from grpo_tui.config.schema import Preset, PresetError
 from grpo_tui.config.store import dump_preset
-from grpo_tui.config.schema import Preset
+from grpo_tui.launch.command import build_launch_command, launch_env, per_node_commands, write_accelerate_config
 from grpo_tui.launch.progress import ProgressPrinter
 from grpo_tui.runs.failures import failure_reason
-from grpo_tui.runs.listing import SUBMITTED, pid_alive, submitted_status, tail_records
 from grpo_tui.runs.folder import RunDir, read_json
+from grpo_tui.runs.listing import SUBMITTED, pid_alive, submitted_status, tail_records
+from grpo_tui.runs.metrics import MetricsTail
 
 # Seconds between SIGTERM and SIGKILL when a process group is killed.
 KILL_GRACE_S = 5.0
@@ -105,13 +105,16 @@ class Supervisor:
             # Own session = own process group: a terminal's Ctrl-C reaches only us, and one killpg
             # reaches every rank accelerate starts.
             self.proc = subprocess.Popen(
-                [str(a) for a in argv], stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                env=env, cwd=cwd, start_new_session=True,
+                [str(a) for a in argv],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                cwd=cwd,
+                start_new_session=True,
             )
         child = self.proc.pid
-        self.run.update_status(
-            status="running", child_pid=child, child_started=_process_identity(child), pgid=child
-        )
+        self.run.update_status(status="running", child_pid=child, child_started=_process_identity(child), pgid=child)
 
     def wait(self) -> int:
         """Wait for the trainer; returns this command's exit code and writes the final status."""
@@ -214,7 +217,9 @@ def supervise(run_dir: Path, echo: TextIO | None = None, interactive: bool = Fal
             supervisor.start()
         except OSError as exc:  # the interpreter or launcher could not be started at all
             status = "stopped" if supervisor.killed else "failed"
-            run.update_status(status=status, ended=time.time(), exit_code=None, reason=f"cannot start the trainer: {exc}")
+            run.update_status(
+                status=status, ended=time.time(), exit_code=None, reason=f"cannot start the trainer: {exc}"
+            )
             print(f"run {status}: cannot start the trainer: {exc}", file=sys.stderr, flush=True)
             return 1
         code = supervisor.wait()
@@ -259,7 +264,10 @@ def spawn_detached(run_dir: Path) -> int:
     with open(run.stdout, "ab") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "grpo_tui.cli", "supervise", str(run.path)],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
     # Reap it when it ends, so a long-lived parent (the TUI) keeps no zombie around. The supervisor
     # records its own pid in run.json (writing it here too would race with its updates).

@@ -72,7 +72,7 @@ class CompletionIndex:
     def poll(self) -> bool:
         """Index lines appended since the last call (and some older history); True when anything was added."""
         try:
-            handle = open(self.path, "rb")  # noqa: SIM115 - closed below
+            handle = open(self.path, "rb")  # closed below
         except FileNotFoundError:
             return False
         with handle:
@@ -173,12 +173,17 @@ class CompletionIndex:
         grouped: dict[str, list[Completion]] = {}
         for record in self.records(step):
             prompt = _text(record.get("prompt"))
-            grouped.setdefault(prompt, []).append(Completion(
-                text=_text(record.get("completion")),
-                rewards={str(k): float(v) for k, v in (record.get("rewards") or {}).items()
-                         if isinstance(v, (int, float)) and not isinstance(v, bool)},
-                advantage=float(record["advantage"]) if isinstance(record.get("advantage"), (int, float)) else None,
-            ))
+            grouped.setdefault(prompt, []).append(
+                Completion(
+                    text=_text(record.get("completion")),
+                    rewards={
+                        str(k): float(v)
+                        for k, v in (record.get("rewards") or {}).items()
+                        if isinstance(v, (int, float)) and not isinstance(v, bool)
+                    },
+                    advantage=float(record["advantage"]) if isinstance(record.get("advantage"), (int, float)) else None,
+                )
+            )
         groups = [PromptGroup(prompt, completions) for prompt, completions in grouped.items()]
         self._cache = (step, groups)
         return groups
@@ -189,7 +194,9 @@ def _text(value: Any) -> str:
     if isinstance(value, str):
         return value
     if isinstance(value, list):
-        return "\n".join(f"{m.get('role', '')}: {m.get('content', '')}" if isinstance(m, dict) else str(m) for m in value)
+        return "\n".join(
+            f"{m.get('role', '')}: {m.get('content', '')}" if isinstance(m, dict) else str(m) for m in value
+        )
     if isinstance(value, dict) and "content" in value:
         return str(value["content"])
     return "" if value is None else str(value)

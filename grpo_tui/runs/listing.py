@@ -8,15 +8,15 @@ from __future__ import annotations
 
 import os
 import time
+import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import psutil
-import tomllib
 
-from grpo_tui.runs.metrics import parse_lines, as_float, as_int, is_step
 from grpo_tui.runs.folder import list_runs, read_json
+from grpo_tui.runs.metrics import as_float, as_int, is_step, parse_lines
 
 # Bytes read from the end of metrics.jsonl by run_info (enough for several step records).
 SCAN_TAIL_BYTES = 64 * 1024
@@ -126,9 +126,11 @@ def run_info(run_path: Path) -> RunInfo:
     if state == SUBMITTED:
         status = submitted_status(tail)
     elif state in LIVE_STATES or not state:
-        alive = (pid_alive(meta.get("pid"), as_float(meta.get("pid_started")), started)
-                 or pid_alive(meta.get("child_pid"), as_float(meta.get("child_started")), started)
-                 or (not isinstance(meta.get("pid"), int) and _start_event_alive(run_path / "metrics.jsonl")))
+        alive = (
+            pid_alive(meta.get("pid"), as_float(meta.get("pid_started")), started)
+            or pid_alive(meta.get("child_pid"), as_float(meta.get("child_started")), started)
+            or (not isinstance(meta.get("pid"), int) and _start_event_alive(run_path / "metrics.jsonl"))
+        )
         events = [(str(r["event"]), r) for r in tail if "event" in r]
         status = "running" if alive else stream_status(events)
         created = as_float(meta.get("created"))
@@ -142,9 +144,17 @@ def run_info(run_path: Path) -> RunInfo:
     if started is None:
         starts = [r for r in tail if r.get("event") == "start"]
         started = as_float(starts[0].get("time")) if starts else as_float(meta.get("created"))
-    return RunInfo(path=run_path, name=run_path.name, status=status, preset=str(preset), started=started,
-                   steps=as_int(last.get("step")) or 0, last_reward=as_float(last.get("reward")),
-                   loss_impl=str(last.get("loss_impl", "")), pid=pid)
+    return RunInfo(
+        path=run_path,
+        name=run_path.name,
+        status=status,
+        preset=str(preset),
+        started=started,
+        steps=as_int(last.get("step")) or 0,
+        last_reward=as_float(last.get("reward")),
+        loss_impl=str(last.get("loss_impl", "")),
+        pid=pid,
+    )
 
 
 def submitted_status(tail: list[dict[str, Any]]) -> str:

@@ -29,9 +29,10 @@ import json
 import math
 import os
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 SCHEMA_VERSION = 1
 
@@ -47,7 +48,7 @@ class MetricsWriter:
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - held for the run
+        self._file = open(self.path, "a", encoding="utf-8")  # held for the run
 
     def write(self, record: dict[str, Any]) -> dict[str, Any]:
         full = {"v": SCHEMA_VERSION, "time": time.time(), **record}
@@ -156,7 +157,9 @@ def step_records(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def as_int(value: Any) -> int | None:
     """A record's integer field, or None when absent, non-numeric (bools too) or not finite."""
-    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) else None
+    return (
+        int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) else None
+    )
 
 
 def as_float(value: Any) -> float | None:

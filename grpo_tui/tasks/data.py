@@ -64,7 +64,7 @@ def load_rows(source: str, split: str = "train"):  # -> datasets.Dataset
     config = "main" if source == "openai/gsm8k" else None
     try:
         return datasets.load_dataset(source, config, split=split)
-    except Exception as exc:  # noqa: BLE001 - hub/network errors vary; the user needs one line
+    except Exception as exc:  # hub/network errors vary; the user needs one line
         raise DataError(f"data.source: cannot load {source!r} split {split!r}: {type(exc).__name__}: {exc}") from exc
 
 
@@ -91,7 +91,9 @@ def build_prompt_dataset(data_section: Any, tokenizer: Any = None, max_prompt_le
     def render(row: dict[str, Any]) -> dict[str, Any]:
         text = template.format(**row)
         if chat:
-            return {"prompt": [{"role": "system", "content": data_section.system_prompt}, {"role": "user", "content": text}]}
+            return {
+                "prompt": [{"role": "system", "content": data_section.system_prompt}, {"role": "user", "content": text}]
+            }
         if data_section.system_prompt:
             text = f"{data_section.system_prompt}\n{text}"
         if tokenizer is not None and max_prompt_length is not None:

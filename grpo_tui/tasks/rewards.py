@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import importlib
 import re
+from collections.abc import Callable
 from decimal import Decimal, InvalidOperation
-from typing import Any, Callable
+from typing import Any
 
 RewardFunc = Callable[..., list[float]]
 
@@ -108,7 +109,9 @@ def addition_partial(completions: list[Any], answer: list[str], **_: Any) -> lis
 
 def addition_exact(completions: list[Any], answer: list[str], **_: Any) -> list[float]:
     """1.0 for exactly the sum, else 0.0."""
-    return [1.0 if completion_text(c).strip() == str(g).strip() else 0.0 for c, g in zip(completions, answer, strict=True)]
+    return [
+        1.0 if completion_text(c).strip() == str(g).strip() else 0.0 for c, g in zip(completions, answer, strict=True)
+    ]
 
 
 REWARDS: dict[str, RewardFunc] = {
@@ -129,7 +132,9 @@ def resolve_reward(name: str) -> RewardFunc:
     if name in REWARDS:
         return REWARDS[name]
     if ":" not in name:
-        raise RewardError(f"rewards.functions.name: unknown reward {name!r}; allowed: {', '.join(REWARDS)} or module:function")
+        raise RewardError(
+            f"rewards.functions.name: unknown reward {name!r}; allowed: {', '.join(REWARDS)} or module:function"
+        )
     module_name, _, attr = name.partition(":")
     try:
         module = importlib.import_module(module_name)

@@ -78,8 +78,15 @@ def build_padded_tokenizer(vocab_size: int, corpus: list[str]):
     for special in _SPECIALS:
         vocab[special] = len(vocab)
     spec["added_tokens"] = [
-        {"id": vocab[s], "content": s, "single_word": False, "lstrip": False, "rstrip": False,
-         "normalized": False, "special": True}
+        {
+            "id": vocab[s],
+            "content": s,
+            "single_word": False,
+            "lstrip": False,
+            "rstrip": False,
+            "normalized": False,
+            "special": True,
+        }
         for s in _SPECIALS
     ]
     fast = PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(json.dumps(spec)))

@@ -23,9 +23,9 @@ import os
 import shutil
 import string
 import tempfile
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable
 
 BUILTIN_MODEL = "builtin:tiny-qwen3"
 CACHE_ENV = "GRPO_TUI_CACHE_DIR"

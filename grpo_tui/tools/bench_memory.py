@@ -20,9 +20,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from grpo_tui.train.phase_memory import MEMORY_CAP_ENV
-from grpo_tui.runs.metrics import PHASES, read_records, step_records
 from grpo_tui.config.schema import LOSS_IMPLS
+from grpo_tui.runs.metrics import PHASES, read_records, step_records
+from grpo_tui.train.phase_memory import MEMORY_CAP_ENV
 
 MIB_PER_GIB = 1024.0
 
@@ -96,11 +96,22 @@ def run_trial(
 ) -> Trial:
     """Run PRESET for `steps` steps at per-device batch `batch` with loss.impl `impl`, in a fresh process."""
     argv = [
-        sys.executable, "-m", "grpo_tui.cli", "run", preset, "--headless", "--runs-dir", str(runs_dir),
-        "--set", f"loss.impl={impl}",
-        "--set", f"grpo.per_device_batch_size={batch}",
-        "--set", f"grpo.max_steps={steps}",
-        "--set", "logging.save_steps=0",
+        sys.executable,
+        "-m",
+        "grpo_tui.cli",
+        "run",
+        preset,
+        "--headless",
+        "--runs-dir",
+        str(runs_dir),
+        "--set",
+        f"loss.impl={impl}",
+        "--set",
+        f"grpo.per_device_batch_size={batch}",
+        "--set",
+        f"grpo.max_steps={steps}",
+        "--set",
+        "logging.save_steps=0",
     ]
     for item in extra_sets:
         argv += ["--set", item]
@@ -198,8 +209,14 @@ def _common_parser(prog: str, description: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog, description=description)
     parser.add_argument("preset", help="preset name or path to a .toml")
     parser.add_argument("--impl", type=_impl_list, default=list(LOSS_IMPLS), help="e.g. chunked,naive,trl")
-    parser.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
-                        help="extra preset overrides for every trial")
+    parser.add_argument(
+        "--set",
+        dest="sets",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra preset overrides for every trial",
+    )
     parser.add_argument("--steps", type=int, default=2, help="steps per trial (default 2)")
     parser.add_argument("--out", type=Path, default=Path("bench-results"), help="folder for JSON/markdown/PNG")
     parser.add_argument("--runs-dir", type=Path, default=None, help="where trial runs go (default OUT/runs)")
@@ -226,9 +243,11 @@ def main(argv: list[str] | None = None) -> int:
         for impl in args.impl:
             trial = run_trial(args.preset, impl, batch, steps=args.steps, runs_dir=runs_dir, extra_sets=args.sets)
             trials.append(trial)
-            print(f"{impl:8s} batch {batch:4d}: peak {_fmt(trial.peak_gib)} GiB, step {_fmt(trial.step_s)} s"
-                  f"{'' if trial.ok else ' — ' + (trial.oom_phase and 'OOM in ' + trial.oom_phase or trial.reason)}",
-                  flush=True)
+            print(
+                f"{impl:8s} batch {batch:4d}: peak {_fmt(trial.peak_gib)} GiB, step {_fmt(trial.step_s)} s"
+                f"{'' if trial.ok else ' — ' + (trial.oom_phase and 'OOM in ' + trial.oom_phase or trial.reason)}",
+                flush=True,
+            )
             # Written after every trial: a long sweep cut short still leaves its results.
             payload = {"command": command, "environment": environment, "records": [asdict(t) for t in trials]}
             _write(args.out, "e2e", payload, _table(trials))
@@ -279,12 +298,21 @@ def find_max_batch(try_batch, step: int, start: int, limit: int) -> tuple[int, l
 def max_batch_main(argv: list[str] | None = None) -> int:
     """`grpo-tui max-batch PRESET [--memory-cap GiB] [--impl chunked,naive]`."""
     parser = _common_parser("grpo-tui max-batch", "Largest per-device batch that completes a step without OOM.")
-    parser.add_argument("--memory-cap", type=float, default=None, metavar="GiB",
-                        help="cap this process's GPU memory to emulate a smaller card")
+    parser.add_argument(
+        "--memory-cap",
+        type=float,
+        default=None,
+        metavar="GiB",
+        help="cap this process's GPU memory to emulate a smaller card",
+    )
     parser.add_argument("--start", type=int, default=16, help="first batch tried (default 16)")
     parser.add_argument("--limit", type=int, default=4096, help="largest batch tried (default 4096)")
-    parser.add_argument("--multiple", type=int, default=None,
-                        help="batches are multiples of this (default: the preset's num_generations)")
+    parser.add_argument(
+        "--multiple",
+        type=int,
+        default=None,
+        help="batches are multiples of this (default: the preset's num_generations)",
+    )
     args = parser.parse_args(argv)
     if args.memory_cap is not None and args.memory_cap <= 0:
         parser.error(f"--memory-cap: got {args.memory_cap}; allowed: a positive number of GiB")
@@ -295,16 +323,27 @@ def max_batch_main(argv: list[str] | None = None) -> int:
         trials: list[Trial] = []
 
         def attempt(batch: int, impl: str = impl, trials: list[Trial] = trials) -> bool:
-            trial = run_trial(args.preset, impl, batch, steps=1, runs_dir=runs_dir, extra_sets=args.sets,
-                              memory_cap_gib=args.memory_cap)
+            trial = run_trial(
+                args.preset,
+                impl,
+                batch,
+                steps=1,
+                runs_dir=runs_dir,
+                extra_sets=args.sets,
+                memory_cap_gib=args.memory_cap,
+            )
             trials.append(trial)
-            print(f"{impl:8s} batch {batch:5d}: {'fits' if trial.ok else 'does not fit'}"
-                  f" (peak {_fmt(trial.peak_gib)} GiB)", flush=True)
+            print(
+                f"{impl:8s} batch {batch:5d}: {'fits' if trial.ok else 'does not fit'}"
+                f" (peak {_fmt(trial.peak_gib)} GiB)",
+                flush=True,
+            )
             return trial.ok
 
         best, _ = find_max_batch(attempt, step, args.start, args.limit)
-        results.append({"impl": impl, "max_batch": best, "memory_cap_gib": args.memory_cap,
-                        "trials": [asdict(t) for t in trials]})
+        results.append(
+            {"impl": impl, "max_batch": best, "memory_cap_gib": args.memory_cap, "trials": [asdict(t) for t in trials]}
+        )
     command = "grpo-tui max-batch " + shlex.join(argv if argv is not None else sys.argv[1:])
     payload = {"command": command, "environment": _environment(), "results": results}
     lines = ["| impl | max per-device batch | memory cap GiB |", "|---|---|---|"]

@@ -45,16 +45,29 @@ def _fmt(value: float) -> float:
     return float(f"{value:.6g}")
 
 
-def step_record(step: int, rng: random.Random, *, loss_impl: str = "chunked", t: float | None = None,
-                n_gpus: int = 1, cuda: bool = True) -> dict[str, Any]:
+def step_record(
+    step: int,
+    rng: random.Random,
+    *,
+    loss_impl: str = "chunked",
+    t: float | None = None,
+    n_gpus: int = 1,
+    cuda: bool = True,
+) -> dict[str, Any]:
     """One step record shaped like the trainer's: TRL's metric names plus `memory` with phases."""
     progress = 1.0 - math.exp(-step / 300.0)
-    funcs = {name: min(1.0, max(0.0, 0.15 + 0.6 * progress * (0.8 + 0.2 * i) + rng.gauss(0, 0.04)))
-             for i, name in enumerate(REWARD_FUNCS)}
+    funcs = {
+        name: min(1.0, max(0.0, 0.15 + 0.6 * progress * (0.8 + 0.2 * i) + rng.gauss(0, 0.04)))
+        for i, name in enumerate(REWARD_FUNCS)
+    }
     reward = sum(funcs.values()) / len(funcs)
     base = 2100.0 if loss_impl == "chunked" else 5200.0
-    phases = {"generation": base * 0.7 + rng.uniform(0, 30), "scoring": base * 0.8 + rng.uniform(0, 30),
-              "loss": base + rng.uniform(0, 40), "optimizer": base * 0.9 + rng.uniform(0, 30)}
+    phases = {
+        "generation": base * 0.7 + rng.uniform(0, 30),
+        "scoring": base * 0.8 + rng.uniform(0, 30),
+        "loss": base + rng.uniform(0, 40),
+        "optimizer": base * 0.9 + rng.uniform(0, 30),
+    }
     peak = max(phases.values())
     record: dict[str, Any] = {
         "v": SCHEMA_VERSION,
@@ -83,10 +96,20 @@ def step_record(step: int, rng: random.Random, *, loss_impl: str = "chunked", t:
     for name, value in funcs.items():
         record[f"rewards/{name}/mean"] = _fmt(value)
         record[f"rewards/{name}/std"] = _fmt(0.3 * (1 - 0.5 * progress))
-    gpus = [{"index": i, "allocated_mib": _fmt(base * 0.5), "peak_mib": _fmt(peak), "reserved_mib": _fmt(peak * 1.1)}
-            for i in range(n_gpus)] if cuda else []
-    record["memory"] = {"device": "cuda" if cuda else "cpu", "gpus": gpus, "rss_mib": _fmt(900 + rng.uniform(0, 5)),
-                        "phases": {p: _fmt(phases[p]) for p in PHASES}}
+    gpus = (
+        [
+            {"index": i, "allocated_mib": _fmt(base * 0.5), "peak_mib": _fmt(peak), "reserved_mib": _fmt(peak * 1.1)}
+            for i in range(n_gpus)
+        ]
+        if cuda
+        else []
+    )
+    record["memory"] = {
+        "device": "cuda" if cuda else "cpu",
+        "gpus": gpus,
+        "rss_mib": _fmt(900 + rng.uniform(0, 5)),
+        "phases": {p: _fmt(phases[p]) for p in PHASES},
+    }
     return record
 
 
@@ -97,8 +120,15 @@ def completion_records(step: int, rng: random.Random, per_step: int = 8) -> list
     for i in range(per_step):
         prompt = groups[i * len(groups) // per_step]
         rewards = {name: _fmt(rng.choice((0.0, 0.5, 1.0))) for name in REWARD_FUNCS}
-        out.append({"step": step, "prompt": prompt, "completion": str(rng.randint(0, 120)),
-                    "rewards": rewards, "advantage": _fmt(rng.gauss(0, 1))})
+        out.append(
+            {
+                "step": step,
+                "prompt": prompt,
+                "completion": str(rng.randint(0, 120)),
+                "rewards": rewards,
+                "advantage": _fmt(rng.gauss(0, 1)),
+            }
+        )
     return out
 
 
@@ -109,16 +139,34 @@ def _write_lines(path: Path, records: list[dict[str, Any]], mode: str = "w") -> 
 
 def write_config(path: Path, preset: str = "tiny-cpu", max_steps: int = 100, loss_impl: str = "chunked") -> None:
     """A minimal resolved config.toml (the sections the dashboard reads)."""
-    text = (f'name = "{preset}"\n\n[grpo]\nmax_steps = {max_steps}\nnum_generations = 8\n\n'
-            f'[loss]\nimpl = "{loss_impl}"\n\n[rewards]\nfunctions = '
-            + "[" + ", ".join(f'{{ name = "{n}", weight = 1.0 }}' for n in REWARD_FUNCS) + "]\n")
+    text = (
+        f'name = "{preset}"\n\n[grpo]\nmax_steps = {max_steps}\nnum_generations = 8\n\n'
+        f'[loss]\nimpl = "{loss_impl}"\n\n[rewards]\nfunctions = '
+        + "["
+        + ", ".join(f'{{ name = "{n}", weight = 1.0 }}' for n in REWARD_FUNCS)
+        + "]\n"
+    )
     (path / "config.toml").write_text(text, encoding="utf-8")
 
 
-def make_run(path: str | Path, steps: int = 200, *, max_steps: int | None = None, switch_step: int | None = None,
-             finished: bool = True, status: str | None = None, pid: int = 424242, n_gpus: int = 1,
-             cuda: bool = True, loss_impl: str = "chunked", preset: str = "tiny-cpu", seed: int = 0,
-             completions: bool = True, truncate_last: bool = False, pid_started: float = T0) -> DemoRun:
+def make_run(
+    path: str | Path,
+    steps: int = 200,
+    *,
+    max_steps: int | None = None,
+    switch_step: int | None = None,
+    finished: bool = True,
+    status: str | None = None,
+    pid: int = 424242,
+    n_gpus: int = 1,
+    cuda: bool = True,
+    loss_impl: str = "chunked",
+    preset: str = "tiny-cpu",
+    seed: int = 0,
+    completions: bool = True,
+    truncate_last: bool = False,
+    pid_started: float = T0,
+) -> DemoRun:
     """Write a deterministic run folder with `steps` logged steps.
 
     Args:
@@ -145,25 +193,51 @@ def make_run(path: str | Path, steps: int = 200, *, max_steps: int | None = None
     write_config(root, preset, max_steps, loss_impl)
     pids = tuple(pid + r for r in range(n_gpus))
     # As the trainer writes it: one start event listing every rank (pid -> device for the GPU panel).
-    ranks = [{"rank": r, "local_rank": r, "pid": p, "device": f"cuda:{r}" if cuda else "cpu"} for r, p in enumerate(pids)]
+    ranks = [
+        {"rank": r, "local_rank": r, "pid": p, "device": f"cuda:{r}" if cuda else "cpu"} for r, p in enumerate(pids)
+    ]
     records: list[dict[str, Any]] = [
-        {"v": SCHEMA_VERSION, "time": T0 + 1.0, "event": "start", "preset": preset, "run": root.name, "ranks": ranks,
-         "num_processes": n_gpus, "loss_impl": loss_impl, "max_steps": max_steps}
+        {
+            "v": SCHEMA_VERSION,
+            "time": T0 + 1.0,
+            "event": "start",
+            "preset": preset,
+            "run": root.name,
+            "ranks": ranks,
+            "num_processes": n_gpus,
+            "loss_impl": loss_impl,
+            "max_steps": max_steps,
+        }
     ]
     comp: list[dict[str, Any]] = []
     impl = loss_impl
     for step in range(1, steps + 1):
         if switch_step is not None and step == switch_step:
             new = "naive" if impl == "chunked" else "chunked"
-            records.append({"v": SCHEMA_VERSION, "time": round(T0 + 4.9 + step * STEP_SECONDS, 3),
-                            "event": "loss_impl_switch", "step": step, "from": impl, "to": new})
+            records.append(
+                {
+                    "v": SCHEMA_VERSION,
+                    "time": round(T0 + 4.9 + step * STEP_SECONDS, 3),
+                    "event": "loss_impl_switch",
+                    "step": step,
+                    "from": impl,
+                    "to": new,
+                }
+            )
             impl = new
         records.append(step_record(step, rng, loss_impl=impl, n_gpus=n_gpus, cuda=cuda))
         if completions:
             comp.extend(completion_records(step, rng))
     if finished:
-        records.append({"v": SCHEMA_VERSION, "time": round(T0 + 6.0 + steps * STEP_SECONDS, 3), "event": "finish",
-                        "step": steps, "stopped": False})
+        records.append(
+            {
+                "v": SCHEMA_VERSION,
+                "time": round(T0 + 6.0 + steps * STEP_SECONDS, 3),
+                "event": "finish",
+                "step": steps,
+                "stopped": False,
+            }
+        )
     _write_lines(root / "metrics.jsonl", records)
     if truncate_last:
         with open(root / "metrics.jsonl", "a", encoding="utf-8") as handle:
@@ -171,9 +245,18 @@ def make_run(path: str | Path, steps: int = 200, *, max_steps: int | None = None
     if completions:
         _write_lines(root / "completions.jsonl", comp)
     state = status or ("finished" if finished else "running")
-    run_json = {"preset": preset, "status": state, "created": T0, "pid": pid, "pid_started": pid_started,
-                "started": T0, "child_pid": pid, "child_started": pid_started, "pgid": pid,
-                "exit_code": 0 if state in ("finished", "stopped") else None}
+    run_json = {
+        "preset": preset,
+        "status": state,
+        "created": T0,
+        "pid": pid,
+        "pid_started": pid_started,
+        "started": T0,
+        "child_pid": pid,
+        "child_started": pid_started,
+        "pgid": pid,
+        "exit_code": 0 if state in ("finished", "stopped") else None,
+    }
     (root / "run.json").write_text(json.dumps(run_json, indent=1), encoding="utf-8")
     return DemoRun(root, steps, switch_step, pids)
 
@@ -241,8 +324,14 @@ def main(argv: list[str] | None = None) -> int:
     live.add_argument("--seconds", type=float, default=None)
     args = parser.parse_args(argv)
     if args.command == "make":
-        run = make_run(args.run_dir, args.steps, max_steps=args.max_steps, switch_step=args.switch_step,
-                       finished=not args.running, completions=args.steps <= 20_000)
+        run = make_run(
+            args.run_dir,
+            args.steps,
+            max_steps=args.max_steps,
+            switch_step=args.switch_step,
+            finished=not args.running,
+            completions=args.steps <= 20_000,
+        )
         print(run.path)
         return 0
     from grpo_tui.dashboard.state import run_info  # reads only the file's tail

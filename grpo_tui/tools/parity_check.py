@@ -135,10 +135,19 @@ def _measure(trainer: Any, inputs: dict[str, Any], impl: str) -> ImplResult:
     grads = [p.grad.float().norm() for p in model.parameters() if p.grad is not None]
     grad_norm = torch.linalg.vector_norm(torch.stack(grads)).item() if grads else 0.0
     head = lm_head_of(model).weight
-    head_grad = head.grad.detach().float().clone() if head.grad is not None else torch.zeros_like(head, dtype=torch.float32)
+    head_grad = (
+        head.grad.detach().float().clone() if head.grad is not None else torch.zeros_like(head, dtype=torch.float32)
+    )
     completion_mask = inputs["completion_mask"].bool()
-    return ImplResult(impl, loss.item(), grad_norm, logps.float().masked_fill(~completion_mask, 0.0),
-                      head_grad, phases.take_step(), times)  # fmt: skip
+    return ImplResult(
+        impl,
+        loss.item(),
+        grad_norm,
+        logps.float().masked_fill(~completion_mask, 0.0),
+        head_grad,
+        phases.take_step(),
+        times,
+    )
 
 
 def _now() -> float:
@@ -167,8 +176,12 @@ def compare(chunked: ImplResult, base: ImplResult, rtol: float) -> tuple[bool, l
         "head_grad": d_grad <= rtol,
     }
     lines = [f"{'':24}{'chunked':>16}{base.impl:>16}{'diff':>14}  ok"]
-    lines.append(f"{'loss':24}{chunked.loss:16.8g}{base.loss:16.8g}{_rel(chunked.loss, base.loss):14.3g}  {_mark(checks['loss'])}")
-    lines.append(f"{'grad_norm':24}{chunked.grad_norm:16.8g}{base.grad_norm:16.8g}{_rel(chunked.grad_norm, base.grad_norm):14.3g}  {_mark(checks['grad_norm'])}")
+    lines.append(
+        f"{'loss':24}{chunked.loss:16.8g}{base.loss:16.8g}{_rel(chunked.loss, base.loss):14.3g}  {_mark(checks['loss'])}"
+    )
+    lines.append(
+        f"{'grad_norm':24}{chunked.grad_norm:16.8g}{base.grad_norm:16.8g}{_rel(chunked.grad_norm, base.grad_norm):14.3g}  {_mark(checks['grad_norm'])}"
+    )
     lines.append(f"{'max |Δ log-prob|':24}{'':32}{d_logp:14.3g}  {_mark(checks['logp'])}")
     lines.append(f"{'max |Δ grad lm_head|/max':24}{'':32}{d_grad:14.3g}  {_mark(checks['head_grad'])}")
     for phase in ("scoring", "loss"):

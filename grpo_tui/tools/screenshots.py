@@ -43,8 +43,8 @@ def _wait_step(run: Path, step: int, timeout: float) -> int:
 def real_runs(workdir: Path, steps: int, switch_at: int, started: list[Path]) -> tuple[Path, Path]:
     """Start run A (chunked → baseline at `switch_at`) and run B (baseline); return once A is past
     the switch, B finished. A keeps training (the dashboard is captured live)."""
-    from grpo_tui.launch import supervisor
     from grpo_tui.config.store import load_preset
+    from grpo_tui.launch import supervisor
     from grpo_tui.runs.folder import RunDir
 
     preset, _ = load_preset("tiny-cpu")
@@ -71,8 +71,10 @@ def _require(run: Path, reached: int, wanted: int) -> None:
     """Stop (keeping the screenshots already committed) when a real run died before `wanted`."""
     if reached < wanted:
         tail = (run / "stdout.log").read_text(encoding="utf-8", errors="replace").strip().splitlines()[-1:]
-        raise SystemExit(f"screenshots: {run.name} stopped at step {reached} (< {wanted}): "
-                         f"{tail[0] if tail else 'see its stdout.log'}; no screenshot written")
+        raise SystemExit(
+            f"screenshots: {run.name} stopped at step {reached} (< {wanted}): "
+            f"{tail[0] if tail else 'see its stdout.log'}; no screenshot written"
+        )
 
 
 def recorded_runs(workdir: Path) -> tuple[Path, Path, object]:
@@ -83,8 +85,15 @@ def recorded_runs(workdir: Path) -> tuple[Path, Path, object]:
 
     runs = workdir / "runs"
     # A names this process as its supervisor, so it reads as live while the writer appends steps.
-    a = make_run(runs / "20260101-010000-tiny-cpu", steps=200, max_steps=400, switch_step=150, finished=False,
-                 pid=os.getpid(), pid_started=psutil.Process().create_time()).path
+    a = make_run(
+        runs / "20260101-010000-tiny-cpu",
+        steps=200,
+        max_steps=400,
+        switch_step=150,
+        finished=False,
+        pid=os.getpid(),
+        pid_started=psutil.Process().create_time(),
+    ).path
     b = make_run(runs / "20260101-000000-tiny-cpu", steps=400, loss_impl="naive", seed=3).path
     writer = LiveWriter(a, hz=4.0, start_step=201, loss_impl="naive").start()
     return a, b, writer
@@ -100,7 +109,7 @@ async def capture(workdir: Path, run_a: Path, run_b: Path, out: Path, note: str)
     app.title = f"grpo-tui{note}"
     saved: list[Path] = []
 
-    async def settle(pilot, predicate, timeout: float = 30.0) -> None:  # noqa: ANN001
+    async def settle(pilot, predicate, timeout: float = 30.0) -> None:
         deadline = time.monotonic() + timeout
         while not predicate() and time.monotonic() < deadline:
             await pilot.pause(0.1)
@@ -136,9 +145,22 @@ def to_png(svg: Path) -> Path | None:
     box = re.search(r'viewBox="[\d.]+ [\d.]+ ([\d.]+) ([\d.]+)"', svg.read_text(encoding="utf-8"))
     width, height = (int(float(v) + 0.999) for v in box.groups()) if box else (1848, 1222)
     png = svg.with_suffix(".png")
-    subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-                    "--force-device-scale-factor=1", f"--window-size={width},{height}", f"--screenshot={png}",
-                    svg.resolve().as_uri()], check=False, capture_output=True, timeout=120)
+    subprocess.run(
+        [
+            browser,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--hide-scrollbars",
+            "--force-device-scale-factor=1",
+            f"--window-size={width},{height}",
+            f"--screenshot={png}",
+            svg.resolve().as_uri(),
+        ],
+        check=False,
+        capture_output=True,
+        timeout=120,
+    )
     return png if png.exists() else None
 
 

@@ -19,15 +19,14 @@ import json
 import os
 import signal
 import sys
-import tomllib
 import traceback
 from pathlib import Path
 from typing import Any
 
-from grpo_tui.train.control import ControlDecision, ControlReader
-from grpo_tui.runs.metrics import MetricsWriter
 from grpo_tui.config.schema import Preset
 from grpo_tui.runs.folder import RunDir
+from grpo_tui.runs.metrics import MetricsWriter
+from grpo_tui.train.control import ControlDecision, ControlReader
 
 EXIT_OK, EXIT_ERROR, EXIT_CONFIG, EXIT_OOM = 0, 1, 2, 3
 
@@ -114,8 +113,8 @@ def build_trainer(preset: Preset, run: RunDir, callbacks: list | None = None, on
     from transformers import AutoTokenizer
 
     from grpo_tui.tasks.data import build_prompt_dataset
-    from grpo_tui.train.phase_memory import apply_memory_cap
     from grpo_tui.tasks.rewards import resolve_reward
+    from grpo_tui.train.phase_memory import apply_memory_cap
     from grpo_tui.train.trainer import GrpoTuiTrainer
 
     state = PartialState()
@@ -140,9 +139,12 @@ def build_trainer(preset: Preset, run: RunDir, callbacks: list | None = None, on
         from peft import LoraConfig
 
         peft_config = LoraConfig(
-            r=preset.peft.r, lora_alpha=preset.peft.alpha, lora_dropout=preset.peft.dropout,
-            target_modules=list(preset.peft.target_modules), task_type="CAUSAL_LM",
-        )  # fmt: skip
+            r=preset.peft.r,
+            lora_alpha=preset.peft.alpha,
+            lora_dropout=preset.peft.dropout,
+            target_modules=list(preset.peft.target_modules),
+            task_type="CAUSAL_LM",
+        )
     trainer = GrpoTuiTrainer(
         model=model_path,
         reward_funcs=rewards,
@@ -173,7 +175,7 @@ class TrainingSession:
         self.stop_reason: str | None = None
         self._sigint = False
         self._last_reward: dict[str, float] = {}
-        self._completions = open(run.completions, "a", encoding="utf-8") if writer is not None else None  # noqa: SIM115
+        self._completions = open(run.completions, "a", encoding="utf-8") if writer is not None else None
         self._control = ControlReader(run.control)
 
     @property
@@ -191,16 +193,29 @@ class TrainingSession:
     def run(self) -> int:
         from accelerate.utils import gather_object
 
-        me = {"rank": self.state.process_index, "local_rank": self.state.local_process_index,
-              "pid": os.getpid(), "device": str(self.state.device)}  # fmt: skip
+        me = {
+            "rank": self.state.process_index,
+            "local_rank": self.state.local_process_index,
+            "pid": os.getpid(),
+            "device": str(self.state.device),
+        }
         ranks = gather_object([me]) if self.state.use_distributed else [me]
-        self._event("start", preset=self.preset.name, run=self.run_dir.name, ranks=ranks,
-                    num_processes=self.state.num_processes, loss_impl=self.preset.loss.impl,
-                    max_steps=self.preset.grpo.max_steps)  # fmt: skip
+        self._event(
+            "start",
+            preset=self.preset.name,
+            run=self.run_dir.name,
+            ranks=ranks,
+            num_processes=self.state.num_processes,
+            loss_impl=self.preset.loss.impl,
+            max_steps=self.preset.grpo.max_steps,
+        )
         previous = signal.signal(signal.SIGINT, self._on_sigint)
         try:
             self.trainer = build_trainer(
-                self.preset, self.run_dir, callbacks=[_step_boundary_callback(self)], on_step_logged=self._on_step_logged
+                self.preset,
+                self.run_dir,
+                callbacks=[_step_boundary_callback(self)],
+                on_step_logged=self._on_step_logged,
             )
             self.trainer.train()
         finally:
@@ -270,8 +285,12 @@ class TrainingSession:
         if decision.loss_impl and decision.loss_impl != self.trainer.loss_impl:
             try:
                 previous = self.trainer.switch_loss_impl(decision.loss_impl)
-                self._event("loss_impl_switch", step=step, **{"from": previous, "to": decision.loss_impl},
-                            request_id=decision.request_id)  # fmt: skip
+                self._event(
+                    "loss_impl_switch",
+                    step=step,
+                    **{"from": previous, "to": decision.loss_impl},
+                    request_id=decision.request_id,
+                )
             except LossImplError as exc:
                 self._event("control_error", step=step, message=str(exc))
         if (decision.stop or sigint) and self.stop_reason is None:
@@ -320,7 +339,7 @@ def main(argv: list[str] | None = None, hard_exit: bool = False) -> int:
         preset = run.load_preset()
         session = TrainingSession(preset, run, writer, state)
         code = session.run()
-    except Exception as exc:  # noqa: BLE001 - every failure becomes one line for the runner
+    except Exception as exc:  # every failure becomes one line for the runner
         code = _report_failure(exc, writer, session)
     finally:
         if writer is not None:
@@ -359,15 +378,15 @@ def _use_cpu_hint(run: RunDir) -> bool:
     # unless cpu=True; read the preset's flag before building anything heavy.
     try:
         return bool(run.load_preset().distributed.use_cpu) or os.environ.get("ACCELERATE_USE_CPU", "").lower() == "true"
-    except Exception:  # noqa: BLE001 - the real error is reported by main
+    except Exception:  # the real error is reported by main
         return os.environ.get("ACCELERATE_USE_CPU", "").lower() == "true"
 
 
 def _report_failure(exc: BaseException, writer: MetricsWriter | None, session: Any) -> int:
     import torch
 
-    from grpo_tui.tasks.data import DataError
     from grpo_tui.runs.failures import one_line, oom_message
+    from grpo_tui.tasks.data import DataError
     from grpo_tui.tasks.rewards import RewardError
     from grpo_tui.train.trainer import LossImplError
 
@@ -393,4 +412,3 @@ def _report_failure(exc: BaseException, writer: MetricsWriter | None, session: A
     if writer is not None:
         writer.event("error", message=one_line(str(exc), limit=400) or type(exc).__name__, type=type(exc).__name__)
     return EXIT_CONFIG if isinstance(exc, (DataError, RewardError, LossImplError)) else EXIT_ERROR
-

@@ -15,8 +15,9 @@ growth across phases but not spikes inside one.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any
 
 MIB = 2**20
 # `grpo-tui max-batch --memory-cap GiB` sets this to emulate a smaller card (read by each training process).
@@ -160,7 +161,9 @@ class PhaseMemory:
                 {
                     "index": index,
                     "allocated_mib": round(torch.cuda.memory_allocated(self.device) / MIB, 2),
-                    "peak_mib": round(max(phases.values(), default=torch.cuda.max_memory_allocated(self.device) / MIB), 2),
+                    "peak_mib": round(
+                        max(phases.values(), default=torch.cuda.max_memory_allocated(self.device) / MIB), 2
+                    ),
                     "reserved_mib": round(torch.cuda.memory_reserved(self.device) / MIB, 2),
                 }
             )

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import functools
 import types
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from trl import GRPOTrainer
@@ -178,16 +179,26 @@ class GrpoTuiTrainer(GRPOTrainer):
         # for long completions) holds one slice. Each completion is sampled independently, so slicing keeps
         # the distribution; vLLM, continuous batching and multimodal inputs manage their own memory.
         size = self.generation_sub_batch
-        if (size is None or len(prompt_ids) <= size or self.use_vllm or self.use_transformers_continuous_batching
-                or multimodal_fields):  # fmt: skip
-            return super()._generate_single_turn(prompt_ids, images, multimodal_fields, num_generations, has_tool_images)
+        if (
+            size is None
+            or len(prompt_ids) <= size
+            or self.use_vllm
+            or self.use_transformers_continuous_batching
+            or multimodal_fields
+        ):
+            return super()._generate_single_turn(
+                prompt_ids, images, multimodal_fields, num_generations, has_tool_images
+            )
         parts = [
             super(GrpoTuiTrainer, self)._generate_single_turn(
-                prompt_ids[start : start + size], None if images is None else images[start : start + size],
-                multimodal_fields, num_generations, has_tool_images,
+                prompt_ids[start : start + size],
+                None if images is None else images[start : start + size],
+                multimodal_fields,
+                num_generations,
+                has_tool_images,
             )
             for start in range(0, len(prompt_ids), size)
-        ]  # fmt: skip
+        ]
         completion_ids = [ids for part_ids, _ in parts for ids in part_ids]
         logprobs = None if any(lp is None for _, lp in parts) else [x for _, lp in parts for x in lp]
         return completion_ids, logprobs
@@ -202,17 +213,32 @@ class GrpoTuiTrainer(GRPOTrainer):
             return super().training_step(model, inputs, num_items_in_batch)
 
     # ---- log-probs -------------------------------------------------------------------------------
-    def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None,
-                                           compute_entropy=False, compute_aux_loss=False, **multimodal):  # fmt: skip
+    def _get_per_token_logps_and_entropies(
+        self,
+        model,
+        input_ids,
+        attention_mask,
+        logits_to_keep,
+        batch_size=None,
+        compute_entropy=False,
+        compute_aux_loss=False,
+        **multimodal,
+    ):
         if self.scoring_sub_batch is not None and not torch.is_grad_enabled():
             # Scoring (old/reference log-probs) runs without autograd: smaller forwards lower its peak. The loss
             # forward keeps its graph for backward, where slicing would not lower the peak; it is left alone.
             batch_size = min(batch_size or input_ids.size(0), self.scoring_sub_batch)
         if self.loss_impl == "trl" or compute_aux_loss or any(v is not None for v in multimodal.values()):
             return super()._get_per_token_logps_and_entropies(
-                model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, compute_aux_loss,
+                model,
+                input_ids,
+                attention_mask,
+                logits_to_keep,
+                batch_size,
+                compute_entropy,
+                compute_aux_loss,
                 **multimodal,
-            )  # fmt: skip
+            )
         batch_size = batch_size or input_ids.size(0)
         all_logps, all_entropies = [], []
         for start in range(0, input_ids.size(0), batch_size):
@@ -243,9 +269,14 @@ class GrpoTuiTrainer(GRPOTrainer):
         weight, bias = full_head_params(lm_head_of(self.accelerator.unwrap_model(model)))
         with torch.no_grad():
             out = selective_logprobs(
-                hidden, weight, targets, bias=bias, temperature=self.temperature, return_entropy=entropy,
+                hidden,
+                weight,
+                targets,
+                bias=bias,
+                temperature=self.temperature,
+                return_entropy=entropy,
                 chunk_tokens=self.chunk_tokens,
-            )  # fmt: skip
+            )
         return out if entropy else (out, None)
 
     # ---- the loss --------------------------------------------------------------------------------
@@ -276,14 +307,25 @@ class GrpoTuiTrainer(GRPOTrainer):
         # dtype: autocast makes the kernel see what the model's own lm_head would (the autocast dtype).
         with self.accelerator.autocast():
             loss, metrics = fused_linear_grpo_loss(
-                hidden, weight, completion_ids, mask, advantages if advantages.dim() == 1 else advantages[:, 0],
-                bias=bias, old_logps=old_logps, ref_logps=inputs.get("ref_per_token_logps") if self.beta else None,
-                beta=self.beta, epsilon_low=self.epsilon_low, epsilon_high=self.epsilon_high,
-                loss_type=self.loss_type, temperature=self.temperature,
-                max_completion_length=self.max_completion_length, num_items_in_batch=num_items,
-                importance_sampling_level=self.importance_sampling_level, chunk_tokens=self.chunk_tokens,
+                hidden,
+                weight,
+                completion_ids,
+                mask,
+                advantages if advantages.dim() == 1 else advantages[:, 0],
+                bias=bias,
+                old_logps=old_logps,
+                ref_logps=inputs.get("ref_per_token_logps") if self.beta else None,
+                beta=self.beta,
+                epsilon_low=self.epsilon_low,
+                epsilon_high=self.epsilon_high,
+                loss_type=self.loss_type,
+                temperature=self.temperature,
+                max_completion_length=self.max_completion_length,
+                num_items_in_batch=num_items,
+                importance_sampling_level=self.importance_sampling_level,
+                chunk_tokens=self.chunk_tokens,
                 lean=self.lean,
-            )  # fmt: skip
+            )
         if self.loss_type != "dapo":
             loss = loss / accumulation
         self._log_chunked_metrics(mode, metrics, mask, advantages, old_logps)
@@ -298,7 +340,9 @@ class GrpoTuiTrainer(GRPOTrainer):
             self._metrics[mode]["kl"].append((sums[0] / sums[2].clamp(min=1.0)).item())
         self._metrics[mode]["entropy"].append((sums[1] / sums[2].clamp(min=1.0)).item())
         clip_count = metrics.clip_count.float()
-        clips = reduce(torch.stack([metrics.clip_ratio_low, metrics.clip_ratio_high, metrics.clip_ratio_region]) * clip_count)
+        clips = reduce(
+            torch.stack([metrics.clip_ratio_low, metrics.clip_ratio_high, metrics.clip_ratio_region]) * clip_count
+        )
         total = reduce(clip_count).clamp(min=1.0)
         for name, value in zip(("low_mean", "high_mean", "region_mean"), clips / total):
             self._metrics[mode][f"clip_ratio/{name}"].append(value.item())

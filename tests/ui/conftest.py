@@ -24,6 +24,7 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
     asyncio.run(pyfuncitem.obj(**{name: pyfuncitem.funcargs[name] for name in names}))
     return True
 
+
 @pytest.fixture(autouse=True)
 def _isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """No user presets from this machine, UTC times, cwd in a temp folder."""
@@ -54,7 +55,7 @@ def second_run(runs_dir: Path) -> Path:
 
 @pytest.fixture
 def app_factory(runs_dir: Path) -> Callable[..., GrpoTuiApp]:
-    def factory(**kwargs) -> GrpoTuiApp:  # noqa: ANN003
+    def factory(**kwargs) -> GrpoTuiApp:
         kwargs.setdefault("runs_dir", runs_dir)
         kwargs.setdefault("monitor", FakeMonitor(host_only_snapshot()))
         kwargs.setdefault("clock", lambda: FIXED_NOW)

@@ -15,7 +15,6 @@ import pytest
 from textual.widgets import Switch, TabbedContent
 from ui_support import SIZE, FakeMonitor, gpu_snapshot, mark_running, plain, wait_for
 
-from grpo_tui.tools.demo import T0, LiveWriter, make_run, step_record
 from grpo_tui.dashboard.screens.confirm import ConfirmScreen, QuitScreen
 from grpo_tui.dashboard.screens.dashboard import DashboardScreen
 from grpo_tui.dashboard.screens.presets import PresetScreen
@@ -23,7 +22,7 @@ from grpo_tui.dashboard.widgets.completions_browser import CompletionsBrowser
 from grpo_tui.dashboard.widgets.loss_impl_toggle import LossImplToggle
 from grpo_tui.dashboard.widgets.metric_chart import MetricChart
 from grpo_tui.dashboard.widgets.reward_chart import RewardChart
-
+from grpo_tui.tools.demo import T0, LiveWriter, make_run, step_record
 
 
 @pytest.fixture
@@ -34,7 +33,7 @@ def live_run(runs_dir: Path) -> Path:
     return run
 
 
-async def open_dashboard(app, pilot, run: Path) -> DashboardScreen:  # noqa: ANN001
+async def open_dashboard(app, pilot, run: Path) -> DashboardScreen:
     app.open_run(run)
     await wait_for(pilot, lambda: isinstance(app.screen, DashboardScreen) and app.screen.updates > 0)
     return app.screen
@@ -135,8 +134,19 @@ async def test_the_switch_event_clears_pending_and_is_marked(app_factory, live_r
         await wait_for(pilot, lambda: (run / "control.json").exists())
         rng = random.Random(0)
         with open(run / "metrics.jsonl", "a") as handle:  # what the trainer writes when it acts on it
-            handle.write(json.dumps({"v": 1, "time": time.time(), "event": "loss_impl_switch", "step": 11,
-                                     "from": "chunked", "to": "naive"}) + "\n")
+            handle.write(
+                json.dumps(
+                    {
+                        "v": 1,
+                        "time": time.time(),
+                        "event": "loss_impl_switch",
+                        "step": 11,
+                        "from": "chunked",
+                        "to": "naive",
+                    }
+                )
+                + "\n"
+            )
             handle.write(json.dumps(step_record(11, rng, loss_impl="naive")) + "\n")
         await wait_for(pilot, lambda: screen.view.charts.switches == [11])
         toggle = screen.query_one(LossImplToggle)

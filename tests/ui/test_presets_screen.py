@@ -5,17 +5,16 @@ from __future__ import annotations
 from pathlib import Path
 
 from textual.widgets import Input, OptionList, Static
+from ui_support import SIZE, plain, wait_for
 
-from grpo_tui.tools.demo import make_run
 from grpo_tui.dashboard.screens.dashboard import DashboardScreen
 from grpo_tui.dashboard.screens.preset_editor import PresetEditorScreen
 from grpo_tui.dashboard.screens.presets import PresetScreen
 from grpo_tui.dashboard.widgets.runs_table import RunsTable
-from ui_support import SIZE, plain, wait_for
+from grpo_tui.tools.demo import make_run
 
 
-
-def _text(app, selector: str) -> str:  # noqa: ANN001
+def _text(app, selector: str) -> str:
     return plain(app.screen.query_one(selector, Static))
 
 
@@ -53,7 +52,7 @@ async def test_moving_the_selection_updates_the_detail(app_factory) -> None:
 async def test_s_and_enter_start_the_selected_preset_and_open_its_dashboard(app_factory, runs_dir) -> None:
     started: list[str] = []
 
-    def launcher(preset, runs_dir_arg):  # noqa: ANN001, ANN202
+    def launcher(preset, runs_dir_arg):
         started.append(preset.name)
         run = make_run(runs_dir / f"2026010{len(started)}-000000-{preset.name}", steps=5)
         return run.path, None
@@ -75,7 +74,7 @@ async def test_s_and_enter_start_the_selected_preset_and_open_its_dashboard(app_
 async def test_a_failed_start_says_why_in_one_line(app_factory) -> None:
     from grpo_tui.config.schema import PresetError
 
-    def launcher(preset, runs_dir_arg):  # noqa: ANN001, ANN202
+    def launcher(preset, runs_dir_arg):
         raise PresetError(["distributed.num_processes: got 8; 0 GPU(s) visible on this machine"])
 
     app = app_factory(launcher=launcher)
@@ -89,7 +88,7 @@ async def test_a_failed_start_says_why_in_one_line(app_factory) -> None:
 async def test_an_invalid_user_preset_is_listed_with_its_error(app_factory, tmp_path) -> None:
     user = tmp_path / "user-presets"
     user.mkdir()
-    (user / "broken.toml").write_text('[grpo]\nnum_generations = 1\n')
+    (user / "broken.toml").write_text("[grpo]\nnum_generations = 1\n")
     app = app_factory()
     async with app.run_test(size=SIZE) as pilot:
         await pilot.pause()
@@ -167,7 +166,7 @@ async def test_relative_runs_dir_shows_relative_paths(app_factory, tmp_path) -> 
 
 
 async def test_back_from_a_dashboard_the_runs_list_shows_the_new_run(app_factory, runs_dir) -> None:
-    def launcher(preset, runs_dir_arg):  # noqa: ANN001, ANN202
+    def launcher(preset, runs_dir_arg):
         return make_run(runs_dir / "20260105-000000-tiny-cpu", steps=5).path, None
 
     app = app_factory(launcher=launcher)

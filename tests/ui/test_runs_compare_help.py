@@ -14,7 +14,7 @@ from grpo_tui.dashboard.screens.runs import RunsScreen
 from grpo_tui.dashboard.widgets.runs_table import RunsTable
 
 
-async def runs_table(pilot, key: str) -> RunsTable:  # noqa: ANN001
+async def runs_table(pilot, key: str) -> RunsTable:
     """Press `key` on the start screen and wait until its runs table lists both recorded runs."""
     await pilot.pause()
     await pilot.press(key)

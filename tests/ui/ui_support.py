@@ -8,8 +8,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from grpo_tui.tools.demo import T0
 from grpo_tui.dashboard.monitor import GpuProcess, GpuSnapshot, HostSnapshot, MonitorSnapshot
+from grpo_tui.tools.demo import T0
 
 # The recorded run's clock: 20 s after its last step, so elapsed/ETA are fixed in the render.
 FIXED_NOW = T0 + 300.0
@@ -23,22 +23,34 @@ class FakeMonitor:
         self.snapshot = snapshot
         self.calls: list[tuple[int, ...]] = []
 
-    def sample(self, pids=()) -> MonitorSnapshot:  # noqa: ANN001 - mirrors Monitor.sample
+    def sample(self, pids=()) -> MonitorSnapshot:  # mirrors Monitor.sample
         self.calls.append(tuple(pids))
         return self.snapshot
 
 
 def host_only_snapshot() -> MonitorSnapshot:
     host = HostSnapshot(cpu_pct=37.0, ram_used_mib=6144.0, ram_total_mib=24064.0, process_rss_mib={424242: 912.0})
-    return MonitorSnapshot(time=FIXED_NOW, gpus=(), host=host, nvml_ok=False,
-                           note="NVML unavailable: no NVIDIA driver (libnvidia-ml not found)")
+    return MonitorSnapshot(
+        time=FIXED_NOW,
+        gpus=(),
+        host=host,
+        nvml_ok=False,
+        note="NVML unavailable: no NVIDIA driver (libnvidia-ml not found)",
+    )
 
 
 def gpu_snapshot(pids: tuple[int, ...] = (424242, 424243)) -> MonitorSnapshot:
     gpus = tuple(
-        GpuSnapshot(index=i, name="NVIDIA H200", memory_used_mib=52000.0 + 1000 * i, memory_total_mib=143771.0,
-                    utilization_pct=87.0 - i, temperature_c=61.0, power_w=412.0,
-                    processes=(GpuProcess(pid=pid, used_mib=51200.0 + 1000 * i),))
+        GpuSnapshot(
+            index=i,
+            name="NVIDIA H200",
+            memory_used_mib=52000.0 + 1000 * i,
+            memory_total_mib=143771.0,
+            utilization_pct=87.0 - i,
+            temperature_c=61.0,
+            power_w=412.0,
+            processes=(GpuProcess(pid=pid, used_mib=51200.0 + 1000 * i),),
+        )
         for i, pid in enumerate(pids)
     )
     host = HostSnapshot(cpu_pct=12.0, ram_used_mib=40000.0, ram_total_mib=515000.0, process_rss_mib={})
@@ -51,12 +63,20 @@ def mark_running(run: Path, pid: int | None = None) -> None:
 
     pid = pid or os.getpid()
     meta = json.loads((run / "run.json").read_text())
-    meta.update(status="running", pid=pid, pid_started=psutil.Process(pid).create_time(), started=time.time(),
-                pgid=None, child_pid=None, child_started=None, exit_code=None)
+    meta.update(
+        status="running",
+        pid=pid,
+        pid_started=psutil.Process(pid).create_time(),
+        started=time.time(),
+        pgid=None,
+        child_pid=None,
+        child_started=None,
+        exit_code=None,
+    )
     (run / "run.json").write_text(json.dumps(meta))
 
 
-async def wait_for(pilot, predicate: Callable[[], bool], timeout: float = 10.0) -> None:  # noqa: ANN001
+async def wait_for(pilot, predicate: Callable[[], bool], timeout: float = 10.0) -> None:
     """Pause the pilot until `predicate()` holds (workers run in threads)."""
     deadline = time.monotonic() + timeout
     while not predicate():
@@ -65,13 +85,13 @@ async def wait_for(pilot, predicate: Callable[[], bool], timeout: float = 10.0) 
         await pilot.pause(0.05)
 
 
-def plain(widget) -> str:  # noqa: ANN001
+def plain(widget) -> str:
     """What a Static (or Label) shows, as plain text (Rich renderables rendered at 200 columns)."""
     from rich.console import Console
 
     content = widget.content
     if isinstance(content, str):
         return content
-    console = Console(width=200, record=True, color_system=None, file=open(os.devnull, "w"))  # noqa: SIM115
+    console = Console(width=200, record=True, color_system=None, file=open(os.devnull, "w"))
     console.print(content)
     return console.export_text()

@@ -17,12 +17,12 @@ from textual.screen import Screen
 from textual.widgets import Footer, Header, Static
 
 from grpo_tui.dashboard.compare import ComparisonTable, compare_runs
-from grpo_tui.runs.metrics import PHASES
 from grpo_tui.dashboard.state import PEAK_MIB, downsample, load_run
 from grpo_tui.dashboard.widgets.bars import mib
 from grpo_tui.dashboard.widgets.braille import Series
 from grpo_tui.dashboard.widgets.metric_chart import MetricChart
 from grpo_tui.dashboard.widgets.runs_table import RunsTable
+from grpo_tui.runs.metrics import PHASES
 
 COLOURS = ("rgb(95,175,255)", "rgb(255,135,95)")
 MAX_POINTS = 400
@@ -66,7 +66,10 @@ def comparison_table(data: CompareData) -> Table:
             diff = vb - va
             good = (diff < 0) == lower_is_better
             pct = f" ({diff / va:+.0%})" if va else ""
-            delta = Text(f"{'+' if diff >= 0 else '−'}{fmt(abs(diff))}{pct}", "green" if good and diff else "red" if diff else "dim")
+            delta = Text(
+                f"{'+' if diff >= 0 else '−'}{fmt(abs(diff))}{pct}",
+                "green" if good and diff else "red" if diff else "dim",
+            )
         table.add_row(label, fmt(va) if va is not None else "n/a", fmt(vb) if vb is not None else "n/a", delta)
 
     for phase in PHASES:
@@ -90,8 +93,9 @@ class OverlayChart(MetricChart):
         self.refresh()
 
     def chart_title(self) -> Text:
-        return Text.assemble((self.title, "bold"), "   ", ("━ A", f"bold {COLOURS[0]}"), "  ",
-                             ("━ B", f"bold {COLOURS[1]}"))
+        return Text.assemble(
+            (self.title, "bold"), "   ", ("━ A", f"bold {COLOURS[0]}"), "  ", ("━ B", f"bold {COLOURS[1]}")
+        )
 
     def series(self) -> list[Series]:
         return [Series(xs, ys, colour) for colour, (xs, ys) in zip(COLOURS, self.pair)]
@@ -165,6 +169,3 @@ class CompareScreen(Screen[None]):
 
     def action_back(self) -> None:
         self.dismiss(None)
-
-
-

@@ -18,9 +18,8 @@ from textual.screen import Screen
 from textual.widgets import Footer, Header, Static, TabbedContent, TabPane
 from textual.worker import get_current_worker
 
-from grpo_tui.dashboard.messages import LossImplRequested, StopRequested
-from grpo_tui.runs.listing import LIVE_STATES
 from grpo_tui.dashboard.feed import METRIC_CHARTS, DashboardFeed, DashboardView
+from grpo_tui.dashboard.messages import LossImplRequested, StopRequested
 from grpo_tui.dashboard.widgets.alerts_panel import AlertBanner, AlertsPanel
 from grpo_tui.dashboard.widgets.completions_browser import CompletionsBrowser
 from grpo_tui.dashboard.widgets.gpu_memory_panel import GpuMemoryPanel
@@ -30,6 +29,7 @@ from grpo_tui.dashboard.widgets.metric_chart import MetricChart
 from grpo_tui.dashboard.widgets.phase_peaks import PhasePeaks
 from grpo_tui.dashboard.widgets.progress_panel import STATE_STYLES, ProgressPanel
 from grpo_tui.dashboard.widgets.reward_chart import RewardChart
+from grpo_tui.runs.listing import LIVE_STATES
 
 # Seconds between polls of a run that has ended (its files no longer change; the monitor still samples).
 ENDED_POLL_S = 2.0
@@ -129,7 +129,7 @@ class DashboardScreen(Screen[None]):
         while not worker.is_cancelled:
             try:
                 view = feed.poll()
-            except Exception as exc:  # noqa: BLE001 - the UI shows why rather than dying
+            except Exception as exc:  # the UI shows why rather than dying
                 self.post_message(self.FeedFailed(f"{type(exc).__name__}: {exc}"))
                 return
             self.post_message(self.FeedUpdated(view))
@@ -154,8 +154,9 @@ class DashboardScreen(Screen[None]):
         toggle = self.query_one(LossImplToggle)
         toggle.baseline = view.baseline
         toggle.set_current(view.loss_impl, view.pending_impl)
-        self.query_one(GpuMemoryPanel).show(view.snapshot, view.history, view.run_peaks, view.rank_pids,
-                                            view.step_peaks)
+        self.query_one(GpuMemoryPanel).show(
+            view.snapshot, view.history, view.run_peaks, view.rank_pids, view.step_peaks
+        )
         self.query_one(PhasePeaks).show(view.phases, view.switch_label)
         phases_box = self.query_one("#phases-box")
         if phases_box.border_subtitle != (view.switch_label or ""):
@@ -163,9 +164,13 @@ class DashboardScreen(Screen[None]):
         self.query_one(AlertBanner).show(view.active_alerts)
         self.query_one(AlertsPanel).show(view.alerts)
         if self._alerts_seen is not None:  # flash what is new (not the history of a run just opened)
-            for alert in view.alerts[self._alerts_seen:]:
-                self.notify(alert.message, title=f"⚠ {alert.kind} at step {alert.step}",
-                            severity="error" if alert.severity == "error" else "warning", timeout=8)
+            for alert in view.alerts[self._alerts_seen :]:
+                self.notify(
+                    alert.message,
+                    title=f"⚠ {alert.kind} at step {alert.step}",
+                    severity="error" if alert.severity == "error" else "warning",
+                    timeout=8,
+                )
         self._alerts_seen = len(view.alerts)
         self._draw_logs(view.log_lines)
         if view.generation != self._drawn_generation:
@@ -180,7 +185,10 @@ class DashboardScreen(Screen[None]):
     def _draw_title(self, view: DashboardView) -> None:
         alerts = len({a.kind for a in view.active_alerts})
         title = Text.assemble(
-            (f" {view.run_name} ", "bold"), ("preset ", "dim"), (view.preset or "?", "bold cyan"), "  ",
+            (f" {view.run_name} ", "bold"),
+            ("preset ", "dim"),
+            (view.preset or "?", "bold cyan"),
+            "  ",
             (f"● {view.status}", STATE_STYLES.get(view.status, "bold")),
             ("   stop requested" if view.stop_requested and view.status in LIVE_STATES else "", "yellow"),
             (f"   ⚠ {alerts} alert kind(s)" if alerts else "   ✓ no alerts", "yellow" if alerts else "green"),
@@ -236,10 +244,15 @@ class DashboardScreen(Screen[None]):
             return
         force = self._stop_requests > 0
         question = "Kill the run's processes now?" if force else "Stop this run?"
-        detail = ("A stop was already requested: this kills the process group (SIGTERM, then SIGKILL)."
-                  if force else "The trainer stops at its next step boundary; metrics are kept. Press x again to kill it.")
-        self.app.push_screen(ConfirmScreen(question, detail, yes="Kill" if force else "Stop"),
-                             lambda yes: self._stop(force) if yes else None)
+        detail = (
+            "A stop was already requested: this kills the process group (SIGTERM, then SIGKILL)."
+            if force
+            else "The trainer stops at its next step boundary; metrics are kept. Press x again to kill it."
+        )
+        self.app.push_screen(
+            ConfirmScreen(question, detail, yes="Kill" if force else "Stop"),
+            lambda yes: self._stop(force) if yes else None,
+        )
 
     def _stop(self, force: bool) -> None:
         self._stop_requests += 1
@@ -280,6 +293,3 @@ class DashboardScreen(Screen[None]):
     def on_unmount(self) -> None:
         self._stop_event.set()
         self.workers.cancel_group(self, "dashboard-feed")
-
-
-

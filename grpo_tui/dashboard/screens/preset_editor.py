@@ -78,8 +78,13 @@ class PresetEditorScreen(Screen[str | None]):
     def compose(self) -> ComposeResult:
         yield Header()
         with VerticalScroll(id="editor-form"):
-            yield Static(Text.assemble(("Editing ", "dim"), (self.preset.name, "bold"),
-                                       ("  ·  values are checked as you type; ctrl+s saves a new user preset", "dim")))
+            yield Static(
+                Text.assemble(
+                    ("Editing ", "dim"),
+                    (self.preset.name, "bold"),
+                    ("  ·  values are checked as you type; ctrl+s saves a new user preset", "dim"),
+                )
+            )
             yield from self._row("name", "name (new preset)", f"{self.preset.name}-custom", str)
             yield from self._row("description", "description", self.preset.description, str)
             for section in SECTIONS:
@@ -87,8 +92,9 @@ class PresetEditorScreen(Screen[str | None]):
                 yield Label(Text(f"[{section}]"), classes="form-section")  # Text: brackets are not markup
                 for key, field in model.model_fields.items():
                     dotted = f"{section}.{key}"
-                    yield from self._row(dotted, key, self.data[section][key], field.annotation,
-                                         field.description or "")
+                    yield from self._row(
+                        dotted, key, self.data[section][key], field.annotation, field.description or ""
+                    )
         yield Static(id="editor-status")
         yield Footer()
 
@@ -142,7 +148,9 @@ class PresetEditorScreen(Screen[str | None]):
                         break
         name = data["name"]
         # The schema already checks the name's characters; a clash with a built-in is ours to refuse.
-        if PRESET_NAME_RE.match(name or "") and any(e.name == name and e.origin == "built-in" for e in store.list_presets()):
+        if PRESET_NAME_RE.match(name or "") and any(
+            e.name == name and e.origin == "built-in" for e in store.list_presets()
+        ):
             errors.append(f"name: {name!r} is a built-in preset; pick a new name")
             self.query_one("#err-f-name", Label).update(Text("a built-in has this name", "red"))
         status = self.query_one("#editor-status", Static)

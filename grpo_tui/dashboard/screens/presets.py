@@ -118,8 +118,9 @@ class PresetScreen(Screen[None]):
         options = self.query_one("#preset-list", OptionList)
         options.clear_options()
         for entry in self.entries:
-            label = Text.assemble((entry.name, "bold" if entry.name in self.presets else "red"),
-                                  ("  " + entry.origin, "dim"))
+            label = Text.assemble(
+                (entry.name, "bold" if entry.name in self.presets else "red"), ("  " + entry.origin, "dim")
+            )
             options.add_option(Option(label, id=entry.name))
         names = [e.name for e in self.entries]
         if names:
@@ -192,8 +193,9 @@ class PresetScreen(Screen[None]):
             return
         preset = self.presets.get(name)
         if preset is None:
-            self.notify("\n".join(self.errors.get(name, ["invalid preset"])), title=f"{name} is invalid",
-                        severity="error")
+            self.notify(
+                "\n".join(self.errors.get(name, ["invalid preset"])), title=f"{name} is invalid", severity="error"
+            )
             return
         self.app.start_preset(preset)  # type: ignore[attr-defined]
 

@@ -16,8 +16,9 @@ def alert_text(alert: Any) -> Text:
     """`⚠ step 120 · kind: message`, coloured by severity."""
     style = SEVERITY_STYLES.get(alert.severity, "bold")
     step = f"step {alert.step} · " if alert.step is not None else ""
-    return Text.assemble((f"{SEVERITY_ICONS.get(alert.severity, '•')} ", style), (step, "dim"),
-                         (f"{alert.kind}: ", style), alert.message)
+    return Text.assemble(
+        (f"{SEVERITY_ICONS.get(alert.severity, '•')} ", style), (step, "dim"), (f"{alert.kind}: ", style), alert.message
+    )
 
 
 class AlertBanner(Static):
@@ -57,5 +58,9 @@ class AlertsPanel(DataTable):
         self.clear()
         for alert in reversed(alerts):
             style = SEVERITY_STYLES.get(alert.severity, "")
-            self.add_row(Text(alert.severity, style), "" if alert.step is None else str(alert.step),
-                         Text(alert.kind, style), alert.message)
+            self.add_row(
+                Text(alert.severity, style),
+                "" if alert.step is None else str(alert.step),
+                Text(alert.kind, style),
+                alert.message,
+            )

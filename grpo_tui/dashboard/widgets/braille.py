@@ -17,8 +17,10 @@ from rich.text import Text
 DOTS = ((0x01, 0x02, 0x04, 0x40), (0x08, 0x10, 0x20, 0x80))
 BRAILLE_BASE = 0x2800
 # COLUMN_MASKS[column][top][bottom]: the bits of dot rows top..bottom (inclusive) of one cell column.
-COLUMN_MASKS = tuple(tuple(tuple(sum(DOTS[c][r] for r in range(top, bottom + 1)) for bottom in range(4))
-                           for top in range(4)) for c in range(2))
+COLUMN_MASKS = tuple(
+    tuple(tuple(sum(DOTS[c][r] for r in range(top, bottom + 1)) for bottom in range(4)) for top in range(4))
+    for c in range(2)
+)
 AXIS_STYLE = "grey50"
 SWITCH_STYLE = "rgb(255,175,0)"
 
@@ -54,8 +56,15 @@ def _bounds(series: Sequence[Series]) -> tuple[float, float, float, float] | Non
     return x0, x1, y0, y1
 
 
-def render_chart(series: Sequence[Series], width: int, height: int, *, title: Text | str = "",
-                 switches: Sequence[float] = (), empty: str = "no data yet") -> Text:
+def render_chart(
+    series: Sequence[Series],
+    width: int,
+    height: int,
+    *,
+    title: Text | str = "",
+    switches: Sequence[float] = (),
+    empty: str = "no data yet",
+) -> Text:
     """A chart `width` x `height` cells: title line, plot with a y axis, x labels (steps)."""
     title_text = title if isinstance(title, Text) else Text(title, style="bold")
     title_text = title_text.copy()
@@ -153,7 +162,7 @@ def _x_labels(x0: float, x1: float, cols: int) -> str:
     for frac in (0.0, 0.5, 1.0):
         text = str(int(round(x0 + (x1 - x0) * frac)))
         start = min(max(0, round(frac * (cols - 1)) - len(text) // 2), cols - len(text))
-        if start < 0 or any(ch != " " for ch in line[max(0, start - 1):start + len(text) + 1]):
+        if start < 0 or any(ch != " " for ch in line[max(0, start - 1) : start + len(text) + 1]):
             continue
-        line[start:start + len(text)] = list(text)
+        line[start : start + len(text)] = list(text)
     return "".join(line)

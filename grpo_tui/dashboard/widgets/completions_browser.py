@@ -39,13 +39,18 @@ def render_groups(step: int, groups: Sequence[PromptGroup]) -> Group | Text:
         for i, item in enumerate(items):
             rewards = item.rewards
             adv = item.advantage
-            adv_text = Text("n/a" if adv is None else f"{adv:+.3f}",
-                            "green" if (adv or 0) > 0 else "red" if (adv or 0) < 0 else "dim")
+            adv_text = Text(
+                "n/a" if adv is None else f"{adv:+.3f}",
+                "green" if (adv or 0) > 0 else "red" if (adv or 0) < 0 else "dim",
+            )
             cells = [str(i), item.text.replace("\n", "\\n")]
             cells += [_reward_cell(rewards.get(name)) for name in funcs]
             table.add_row(*cells, adv_text)
-        head = Text.assemble((f"group {gi + 1}/{len(groups)} ", "bold"), ("prompt: ", "dim"),
-                             (prompt.replace("\n", "\\n")[:200], "italic"))
+        head = Text.assemble(
+            (f"group {gi + 1}/{len(groups)} ", "bold"),
+            ("prompt: ", "dim"),
+            (prompt.replace("\n", "\\n")[:200], "italic"),
+        )
         parts.extend([head, table, Text("")])
     return Group(*parts)
 
@@ -64,7 +69,7 @@ class CompletionsBrowser(VerticalScroll):
     CompletionsBrowser > #completions-head { height: 1; background: $boost; }
     """
 
-    def __init__(self, *, id: str | None = None) -> None:  # noqa: A002
+    def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id)
         self.steps: tuple[int, ...] = ()
         self.step: int | None = None
@@ -127,5 +132,10 @@ class CompletionsBrowser(VerticalScroll):
         where = f"step {self.step}" if self.step is not None else "—"
         follow = "following newest" if self.follow else "[End] follow newest"
         self.query_one("#completions-head", Static).update(
-            Text.assemble((f" {where} ", "bold reverse"), f"  {len(self.steps)} steps logged  ",
-                          ("[ ] step  Home/End  ", "dim"), (follow, "dim")))
+            Text.assemble(
+                (f" {where} ", "bold reverse"),
+                f"  {len(self.steps)} steps logged  ",
+                ("[ ] step  Home/End  ", "dim"),
+                (follow, "dim"),
+            )
+        )

@@ -26,9 +26,14 @@ class GpuMemoryPanel(Static):
     GpuMemoryPanel { height: auto; }
     """
 
-    def show(self, snapshot: Any, history: Mapping[int, Sequence[float]] | None = None,
-             run_peaks: Mapping[int, float] | None = None, rank_pids: Mapping[int, int] | None = None,
-             step_peaks: Sequence[float] = ()) -> None:
+    def show(
+        self,
+        snapshot: Any,
+        history: Mapping[int, Sequence[float]] | None = None,
+        run_peaks: Mapping[int, float] | None = None,
+        rank_pids: Mapping[int, int] | None = None,
+        step_peaks: Sequence[float] = (),
+    ) -> None:
         """Draw `snapshot` (a monitor.MonitorSnapshot).
 
         Args:
@@ -45,8 +50,11 @@ class GpuMemoryPanel(Static):
             lo, hi = min(recent), max(recent)
             # Scaled over the recent range (a creep of a few percent must show), floored at 0 when flat.
             bottom = lo if hi - lo > 0.01 * hi else 0.0
-            panel.renderables.append(Text.assemble(
-                ("peak/step ", "dim"), sparkline(recent, width, hi, bottom), (f" {lo:.0f}–{hi:.0f} MiB", "dim")))
+            panel.renderables.append(
+                Text.assemble(
+                    ("peak/step ", "dim"), sparkline(recent, width, hi, bottom), (f" {lo:.0f}–{hi:.0f} MiB", "dim")
+                )
+            )
         # Relayout the screen only when the panel's shape can have changed (GPU count, note, width).
         shape = (len(getattr(panel, "renderables", ())), getattr(snapshot, "note", None), self.size.width)
         self.update(panel, layout=shape != getattr(self, "_shape", None))
@@ -56,8 +64,13 @@ class GpuMemoryPanel(Static):
         self.refresh()
 
 
-def render_panel(snapshot: Any, history: Mapping[int, Sequence[float]], run_peaks: Mapping[int, float],
-                 rank_pids: Mapping[int, int], width: int) -> Group | Text:
+def render_panel(
+    snapshot: Any,
+    history: Mapping[int, Sequence[float]],
+    run_peaks: Mapping[int, float],
+    rank_pids: Mapping[int, int],
+    width: int,
+) -> Group | Text:
     """The panel as a Rich renderable (a function so tests and the compare view can reuse it)."""
     if snapshot is None:
         return Text("sampling…", "dim")
@@ -71,12 +84,15 @@ def render_panel(snapshot: Any, history: Mapping[int, Sequence[float]], run_peak
     for gpu in snapshot.gpus:
         used, total = gpu.memory_used_mib, gpu.memory_total_mib
         frac = (used or 0) / total if total else 0.0
-        head = Text.assemble((f"GPU{gpu.index} ", "bold"), ((gpu.name or "unknown GPU")[:width - 8], "dim"))
+        head = Text.assemble((f"GPU{gpu.index} ", "bold"), ((gpu.name or "unknown GPU")[: width - 8], "dim"))
         line1 = Text.assemble(bar(frac, bar_w), " ", (f"{mib(used)}/{mib(total)}", "bold"), f" {frac:4.0%}")
         util = Text.assemble(
-            ("util ", "dim"), _na(gpu.utilization_pct, "{:3.0f}%"),
-            ("  temp ", "dim"), _na(gpu.temperature_c, "{:.0f}°C"),
-            ("  power ", "dim"), _na(gpu.power_w, "{:.0f} W"),
+            ("util ", "dim"),
+            _na(gpu.utilization_pct, "{:3.0f}%"),
+            ("  temp ", "dim"),
+            _na(gpu.temperature_c, "{:.0f}°C"),
+            ("  power ", "dim"),
+            _na(gpu.power_w, "{:.0f} W"),
         )
         line2 = Text.assemble(sparkline(history.get(gpu.index, ()), spark_w, total), "  ", util)
         procs = [p for p in gpu.processes if p.pid in rank_pids] or list(gpu.processes)[:3]
@@ -86,8 +102,12 @@ def render_panel(snapshot: Any, history: Mapping[int, Sequence[float]], run_peak
             label = f"rank{rank} " if rank is not None else ""
             parts.append(Text.assemble((f"{label}pid {proc.pid}", "magenta"), " → ", mib(proc.used_mib)))
         peak = run_peaks.get(gpu.index)
-        line3 = Text.assemble(("run: ", "dim"), Text(", ").join(parts) if parts else ("no process of this run", "dim"),
-                              ("   peak ", "dim"), (mib(peak), "bold yellow"))
+        line3 = Text.assemble(
+            ("run: ", "dim"),
+            Text(", ").join(parts) if parts else ("no process of this run", "dim"),
+            ("   peak ", "dim"),
+            (mib(peak), "bold yellow"),
+        )
         rows.extend([head, line1, line2, line3])
     return Group(*rows)
 
@@ -100,12 +120,22 @@ def _host_panel(snapshot: Any, history: Sequence[float], rss_peak: float | None,
     frac = (host.ram_used_mib or 0) / host.ram_total_mib if host.ram_total_mib else 0.0
     return Group(
         Text.assemble(("No GPU · ", "bold yellow"), (note, "yellow")),
-        Text.assemble(("RAM  ", "bold"), bar(frac, bar_w), " ", (f"{mib(host.ram_used_mib)}/{mib(host.ram_total_mib)}", "bold")),
-        Text.assemble(("     ", ""), sparkline(history, spark_w, host.ram_total_mib), ("  CPU ", "dim"),
-                      _na(host.cpu_pct, "{:3.0f}%")),
-        Text.assemble(("run: ", "dim"), ("RSS ", "dim"), mib(sum(host.process_rss_mib.values()) or None),
-                      ("   peak ", "dim"),
-                      (mib(rss_peak), "bold yellow")),
+        Text.assemble(
+            ("RAM  ", "bold"), bar(frac, bar_w), " ", (f"{mib(host.ram_used_mib)}/{mib(host.ram_total_mib)}", "bold")
+        ),
+        Text.assemble(
+            ("     ", ""),
+            sparkline(history, spark_w, host.ram_total_mib),
+            ("  CPU ", "dim"),
+            _na(host.cpu_pct, "{:3.0f}%"),
+        ),
+        Text.assemble(
+            ("run: ", "dim"),
+            ("RSS ", "dim"),
+            mib(sum(host.process_rss_mib.values()) or None),
+            ("   peak ", "dim"),
+            (mib(rss_peak), "bold yellow"),
+        ),
     )
 
 

@@ -12,7 +12,7 @@ class LogTail(Log):
     LogTail { height: 1fr; }
     """
 
-    def __init__(self, max_lines: int = 2000, *, id: str | None = None, classes: str | None = None) -> None:  # noqa: A002
+    def __init__(self, max_lines: int = 2000, *, id: str | None = None, classes: str | None = None) -> None:
         super().__init__(max_lines=max_lines, auto_scroll=True, id=id, classes=classes)
         self._shown: tuple[str, ...] | None = None
 

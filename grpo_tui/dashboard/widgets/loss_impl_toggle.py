@@ -26,7 +26,7 @@ class LossImplToggle(Horizontal):
 
         loss_impl: str
 
-    def __init__(self, baseline: str = "naive", current: str = "chunked", *, id: str | None = None) -> None:  # noqa: A002
+    def __init__(self, baseline: str = "naive", current: str = "chunked", *, id: str | None = None) -> None:
         super().__init__(id=id)
         self.baseline = baseline
         self.current = current

@@ -20,7 +20,7 @@ class MetricChart(Widget):
     MetricChart { width: 1fr; height: 1fr; min-height: 6; }
     """
 
-    def __init__(self, title: str, *, id: str | None = None, classes: str | None = None) -> None:  # noqa: A002
+    def __init__(self, title: str, *, id: str | None = None, classes: str | None = None) -> None:
         super().__init__(id=id, classes=classes)
         self.title = title
         self.xs: list[float] = []
@@ -48,10 +48,13 @@ class MetricChart(Widget):
         # Line API: the chart becomes strips once per change, skipping Textual's Content conversion.
         width, height = self.size
         if getattr(self, "_strips", None) is None or getattr(self, "_strips_size", None) != (width, height):
-            text = render_chart(self.series(), width, height, title=self.chart_title(),
-                                switches=self.switches, empty=self.empty_hint)
+            text = render_chart(
+                self.series(), width, height, title=self.chart_title(), switches=self.switches, empty=self.empty_hint
+            )
             console, base = self.app.console, self.rich_style  # base: the widget's colours from CSS
-            self._strips = [Strip(list(line.render(console))).adjust_cell_length(width).apply_style(base)
-                            for line in text.split("\n", allow_blank=True)]
+            self._strips = [
+                Strip(list(line.render(console))).adjust_cell_length(width).apply_style(base)
+                for line in text.split("\n", allow_blank=True)
+            ]
             self._strips_size = (width, height)
         return self._strips[y] if y < len(self._strips) else Strip.blank(width, self.rich_style)

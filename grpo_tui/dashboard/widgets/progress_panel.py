@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from rich.console import Group
 from rich.text import Text
 from textual.widgets import Static
@@ -11,8 +9,14 @@ from textual.widgets import Static
 from grpo_tui.dashboard.feed import ProgressInfo
 from grpo_tui.dashboard.widgets.bars import bar
 
-STATE_STYLES = {"running": "bold green", "starting": "bold cyan", "finished": "bold blue",
-                "failed": "bold red", "stopped": "bold yellow", "submitted": "cyan"}
+STATE_STYLES = {
+    "running": "bold green",
+    "starting": "bold cyan",
+    "finished": "bold blue",
+    "failed": "bold red",
+    "stopped": "bold yellow",
+    "submitted": "cyan",
+}
 
 
 def duration(seconds: float | None) -> str:
@@ -33,14 +37,23 @@ class ProgressPanel(Static):
     def show(self, info: ProgressInfo) -> None:
         total = info.max_steps or 0
         frac = info.step / total if total else 0.0
-        head = Text.assemble((f"● {info.state}", STATE_STYLES.get(info.state, "bold")), "  step ",
-                             (f"{info.step}", "bold"), f"/{total or '?'}  ")
+        head = Text.assemble(
+            (f"● {info.state}", STATE_STYLES.get(info.state, "bold")),
+            "  step ",
+            (f"{info.step}", "bold"),
+            f"/{total or '?'}  ",
+        )
         width = max(8, self.size.width - head.cell_len - 6)  # one line: head, bar, " 100%"
         line1 = Text.assemble(head, bar(frac, width, "dodger_blue1"), f" {frac:4.0%}")
         speed = f"{info.steps_per_s:.2f}" if info.steps_per_s else "n/a"
-        line2 = Text.assemble(("elapsed ", "dim"), duration(info.elapsed_s), ("   ETA ", "dim"),
-                              (duration(info.eta_s) if info.state == "running" else "—", "bold"),
-                              ("   steps/s ", "dim"), speed)
+        line2 = Text.assemble(
+            ("elapsed ", "dim"),
+            duration(info.elapsed_s),
+            ("   ETA ", "dim"),
+            (duration(info.eta_s) if info.state == "running" else "—", "bold"),
+            ("   steps/s ", "dim"),
+            speed,
+        )
         # Always two lines: no relayout of the screen unless the width changed.
         shape = self.size.width
         self.update(Group(line1, line2), layout=shape != getattr(self, "_shape", None))

@@ -24,14 +24,19 @@ class RewardChart(MetricChart):
     RewardChart { height: 2fr; min-height: 10; }
     """
 
-    def __init__(self, *, id: str | None = None, classes: str | None = None) -> None:  # noqa: A002
+    def __init__(self, *, id: str | None = None, classes: str | None = None) -> None:
         super().__init__("reward", id=id, classes=classes)
         self.std: list[float] = []
         self.funcs: dict[str, tuple[list[float], list[float]]] = {}
 
-    def show_reward(self, xs: Sequence[float], mean: Sequence[float], std: Sequence[float],
-                    funcs: Mapping[str, tuple[Sequence[float], Sequence[float]]] | None = None,
-                    switches: Sequence[float] = ()) -> None:
+    def show_reward(
+        self,
+        xs: Sequence[float],
+        mean: Sequence[float],
+        std: Sequence[float],
+        funcs: Mapping[str, tuple[Sequence[float], Sequence[float]]] | None = None,
+        switches: Sequence[float] = (),
+    ) -> None:
         """Draw the mean, its ±std band, each reward function's mean and the switch rules."""
         self.xs, self.ys, self.std = list(xs), list(mean), list(std)
         self.funcs = {name: (list(fx), list(fy)) for name, (fx, fy) in (funcs or {}).items()}

@@ -13,8 +13,15 @@ from textual.widgets import DataTable
 
 from grpo_tui.dashboard.state import RunInfo, scan_runs
 
-STATUS_STYLES = {"running": "bold green", "starting": "bold cyan", "finished": "blue", "failed": "bold red",
-                 "stopped": "yellow", "lost": "red", "submitted": "cyan"}
+STATUS_STYLES = {
+    "running": "bold green",
+    "starting": "bold cyan",
+    "finished": "blue",
+    "failed": "bold red",
+    "stopped": "yellow",
+    "lost": "red",
+    "submitted": "cyan",
+}
 
 
 class RunsTable(DataTable):
@@ -26,7 +33,7 @@ class RunsTable(DataTable):
 
         runs: list[RunInfo]
 
-    def __init__(self, *, id: str | None = None, classes: str | None = None) -> None:  # noqa: A002
+    def __init__(self, *, id: str | None = None, classes: str | None = None) -> None:
         super().__init__(id=id, classes=classes, cursor_type="row", zebra_stripes=True)
         self.runs: list[RunInfo] = []
         self.marked: list[Path] = []
@@ -59,14 +66,23 @@ class RunsTable(DataTable):
         if self.runs:
             self.move_cursor(row=min(keep, len(self.runs) - 1))
         if self.parent is not None:  # the box around the table says what to do
-            self.parent.border_subtitle = (f"{len(self.runs)} run(s) · Enter opens" if self.runs
-                                           else "no runs yet · s starts the selected preset")
+            self.parent.border_subtitle = (
+                f"{len(self.runs)} run(s) · Enter opens" if self.runs else "no runs yet · s starts the selected preset"
+            )
 
     def _cells(self, run: RunInfo) -> list[Text | str]:
         started = time.strftime("%m-%d %H:%M", time.localtime(run.started)) if run.started else "—"
         reward = f"{run.last_reward:.3f}" if run.last_reward is not None else "—"
-        return [self._mark_cell(run.path), run.name, run.preset, Text(run.status, STATUS_STYLES.get(run.status, "")),
-                str(run.steps), reward, run.loss_impl or "—", started]
+        return [
+            self._mark_cell(run.path),
+            run.name,
+            run.preset,
+            Text(run.status, STATUS_STYLES.get(run.status, "")),
+            str(run.steps),
+            reward,
+            run.loss_impl or "—",
+            started,
+        ]
 
     @property
     def selected(self) -> RunInfo | None:
