@@ -358,28 +358,28 @@ def main(argv: list[str] | None = None) -> int:
     for rows in profile_rows:
         profiles.append(profile_chunk(rows, args.hidden, args.vocab))
         print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in profiles[-1].items()}), flush=True)
-    result = {
-        **header(argv),
-        "reps": {"default": args.reps, "liger": args.liger_reps or args.reps},
-        "shape": {"seq": args.seq, "hidden": args.hidden, "vocab": args.vocab, "beta": args.beta, "dtype": "bf16"},
-        "records": records,
-        "checks": checks,
-        "profiles": profiles,
-    }
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=1)
-    print(table(records))
-    return 0
+    reps = {"default": args.reps, "liger": args.liger_reps or args.reps}
+    result = {**header(argv, args), "reps": reps, "records": records, "checks": checks, "profiles": profiles}
+    return finish(result, args.out, table(records))
 
 
-def header(argv: list[str] | None) -> dict:
-    """What every result file starts with: the command, the GPU and the versions."""
+def header(argv: list[str] | None, args: argparse.Namespace) -> dict:
+    """What every result file starts with: the command, the GPU, the versions and the head's shape."""
     return {
         "command": " ".join(["python -m grpo_kernels.bench", *(argv if argv is not None else sys.argv[1:])]),
         "gpu": torch.cuda.get_device_name(),
         "versions": _versions(),
+        "shape": {"seq": args.seq, "hidden": args.hidden, "vocab": args.vocab, "beta": args.beta, "dtype": "bf16"},
     }
+
+
+def finish(result: dict, out: str | None, markdown: str) -> int:
+    """Write `result` as JSON to `out` (if given), print the markdown table last; exit status 0."""
+    if out:
+        with open(out, "w") as f:
+            json.dump(result, f, indent=1)
+    print(markdown)
+    return 0
 
 
 def timed(make_step: Callable[[], Callable[[], object]], inp: dict, reps: int, warmup: int = 2) -> dict:

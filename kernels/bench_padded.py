@@ -192,16 +192,6 @@ def main(args: argparse.Namespace, argv: list[str] | None) -> int:
         del inp
         torch.cuda.empty_cache()
     distribution = f"Beta({LENGTH_CONCENTRATION:g} mu, {LENGTH_CONCENTRATION:g} (1 - mu)) on [1, T]"
-    result = {
-        **bench.header(argv),
-        "reps": args.reps,
-        "shape": {"seq": args.seq, "hidden": args.hidden, "vocab": args.vocab, "beta": args.beta, "dtype": "bf16"},
-        "lengths": {"distribution": distribution, "seed": args.seed, "file": args.lengths},
-        "records": records,
-        "checks": checks,
-    }
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=1)
-    print(table(records))
-    return 0
+    lengths = {"distribution": distribution, "seed": args.seed, "file": args.lengths}
+    result = {**bench.header(argv, args), "reps": args.reps, "lengths": lengths, "records": records, "checks": checks}
+    return bench.finish(result, args.out, table(records))
