@@ -1,17 +1,17 @@
 """Kernel benchmark: loss + backward time and extra peak memory of each GRPO head implementation.
 
 Run: `python -m grpo_kernels.bench --batch 8,32,64 --out kernel.json` (CUDA only), or `grpo-tui bench kernel ...`.
-Providers: floor (the 3 GEMMs at full size), naive (materialised logits + autograd), trl (TRL 1.16's
-ChunkedLogProbFunction + the GRPO loss math), liger (LigerFusedLinearGRPOLoss), chunked (ours) and
-chunked-lean. "extra peak" = max_memory_allocated above what the inputs hold, gradients included.
-`--variants fast_stats,fast_grad,direct_dw,fold_cast,lean_host,async_check,balanced,all,default`
-also times ours with each opt-in variant of the chunk loop (see `functional.VARIANT_FLAGS`) as providers
-`chunked+<variant>` ("default" again as `chunked#2`: the run-to-run spread), side by side in one run.
+Providers: floor (the 3 GEMMs over the valid tokens), naive (materialised logits + autograd), trl (TRL 1.16's
+ChunkedLogProbFunction on the valid rows, as its trainer calls it, + the GRPO loss math), liger
+(LigerFusedLinearGRPOLoss), chunked (ours) and chunked-lean. "extra peak" = max_memory_allocated above what
+the inputs hold, gradients included. All-ones masks here; `--padding`/`--lengths` switch to padded batches
+(`bench_padded`: cost per valid token, loss and, with `--scoring`, `selective_logprobs`).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import sys
@@ -21,9 +21,9 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from .functional import fused_linear_grpo_loss, parse_variant, use_variant
+from .functional import fused_linear_grpo_loss, selective_logprobs
 from .loss_math import per_token_loss, token_weights
-from .reference import reference_grpo_loss
+from .reference import reference_grpo_loss, reference_logprobs
 
 PROVIDERS = ("floor", "naive", "trl", "liger", "chunked", "chunked-lean")
 MIB = 2**20
@@ -41,18 +41,24 @@ def make_inputs(batch: int, seq: int, hidden: int, vocab: int, seed: int = 0) ->
     return dict(hidden=h.requires_grad_(), weight=w.requires_grad_(), ids=ids, mask=mask, adv=adv, ref=ref)
 
 
-def _trl_fn(inp: dict, beta: float) -> Callable[[], torch.Tensor]:
+def _trl_head(inp: dict) -> tuple[torch.Tensor, ...]:
+    # What TRL 1.16's fused head does in its trainer (`add_fused_lm_head`): labels -100 at padding, only the
+    # valid rows (`hidden[mask]`, a host sync) through ChunkedLogProbFunction, outputs scattered back
     from trl.kernels import ChunkedLogProbFunction
     from trl.trainer.utils import _CHUNKED_LOGPROB_CHUNK_SIZE
 
+    labels = inp["ids"].masked_fill(inp["mask"] == 0, -100)
+    valid = labels != -100
+    per_token = ChunkedLogProbFunction.apply(
+        inp["hidden"][valid], inp["weight"], None, labels[valid], 1.0, _CHUNKED_LOGPROB_CHUNK_SIZE, None, 1.0,
+        ("entropy",),
+    )  # fmt: skip
+    return tuple(None if x is None else x.new_zeros(valid.shape).masked_scatter(valid, x) for x in per_token[:2])
+
+
+def _trl_fn(inp: dict, beta: float) -> Callable[[], torch.Tensor]:
     def run() -> torch.Tensor:
-        h = inp["hidden"]
-        # What TRL's patched forward does: log-probs and entropy of every valid token (all are valid here)
-        logps, _ent, *_ = ChunkedLogProbFunction.apply(
-            h.reshape(-1, h.shape[-1]), inp["weight"], None, inp["ids"].reshape(-1), 1.0,
-            _CHUNKED_LOGPROB_CHUNK_SIZE, None, 1.0, ("entropy",),
-        )  # fmt: skip
-        logps = logps.view(inp["ids"].shape)
+        logps, _ent = _trl_head(inp)
         loss_tok, _ = per_token_loss(
             logps, None, inp["ref"], inp["adv"].unsqueeze(1), inp["mask"], beta=beta, epsilon_low=0.2,
             epsilon_high=0.2, importance_sampling_level="token",
@@ -76,38 +82,50 @@ def _liger_fn(inp: dict, beta: float) -> Callable[[], torch.Tensor]:
     return run
 
 
-def _floor_fn(inp: dict) -> Callable[[], None]:
-    h = inp["hidden"].detach().reshape(-1, inp["hidden"].shape[-1])
+def _floor_fn(inp: dict, scoring: bool = False) -> Callable[[], None]:
+    # The GEMMs any head must run, over the valid tokens only: logits, and for the loss dH and dW
+    valid = inp["mask"].reshape(-1) != 0
+    h = inp["hidden"].detach().reshape(-1, inp["hidden"].shape[-1])[valid]  # [n_valid, H], outside the timing
     w = inp["weight"].detach()
 
     def run() -> None:
         logits = h @ w.t()  # [N, V]
-        _dh = logits @ w  # [N, H]
-        _dw = logits.t() @ h  # [V, H]
+        if not scoring:
+            _dh = logits @ w  # [N, H]
+            _dw = logits.t() @ h  # [V, H]
 
     return run
 
 
-def loss_fn(provider: str, inp: dict, beta: float, chunk_tokens: int | None = None) -> Callable[[], torch.Tensor]:
-    """A closure computing the scalar loss of `provider` on `inp` (call .backward() on it)."""
+def loss_fn(provider: str, inp: dict, beta: float, chunk_tokens: int | None = None) -> Callable[[], object]:
+    """A closure computing the scalar loss of `provider` on `inp` (call .backward() on it); floor: the GEMMs."""
+    if provider == "floor":
+        return _floor_fn(inp)
     if provider == "trl":
         return _trl_fn(inp, beta)
     if provider == "liger":
         return _liger_fn(inp, beta)
-    base, _, variant = provider.partition("+")
-    base = base.split("#")[0]  # "chunked#2": the default timed again
-    fn = reference_grpo_loss if base == "naive" else fused_linear_grpo_loss
-    kw = {} if base == "naive" else {"chunk_tokens": chunk_tokens, "lean": base == "chunked-lean"}
+    fn = reference_grpo_loss if provider == "naive" else fused_linear_grpo_loss
+    kw = {} if provider == "naive" else {"chunk_tokens": chunk_tokens, "lean": provider == "chunked-lean"}
     args = (inp["hidden"], inp["weight"], inp["ids"], inp["mask"], inp["adv"])
-    if variant:
-        parse_variant(variant)  # fail here, not inside the timed closure
-
-        def run_variant() -> torch.Tensor:
-            with use_variant(variant):
-                return fn(*args, ref_logps=inp["ref"], beta=beta, loss_type="dapo", **kw)[0]
-
-        return run_variant
     return lambda: fn(*args, ref_logps=inp["ref"], beta=beta, loss_type="dapo", **kw)[0]
+
+
+def score_fn(provider: str, inp: dict, chunk_tokens: int | None = None) -> Callable[[], tuple]:
+    """A closure scoring `inp` without autograd (old/ref log-probs): (log-probs, entropies); floor: the GEMM."""
+    if provider == "floor":
+        return _floor_fn(inp, scoring=True)
+    h, w, ids, mask = inp["hidden"].detach(), inp["weight"].detach(), inp["ids"], inp["mask"]
+
+    @torch.no_grad()
+    def run() -> tuple:
+        if provider == "trl":
+            return _trl_head({**inp, "hidden": h, "weight": w})
+        if provider == "naive":
+            return reference_logprobs(h, w, ids)
+        return selective_logprobs(h, w, ids, mask=mask, return_entropy=True, chunk_tokens=chunk_tokens)
+
+    return run
 
 
 def measure(step: Callable[[], object], inp: dict, reps: int, warmup: int = 2) -> tuple[float, float, float]:
@@ -145,20 +163,14 @@ def measure(step: Callable[[], object], inp: dict, reps: int, warmup: int = 2) -
     return statistics.median(times), peak, statistics.median(host)
 
 
-def check(inp: dict, beta: float, chunk_tokens: int | None, variants: tuple[str, ...] = ()) -> dict:
-    """Ours (lean, and each `chunked+<variant>`) against naive (bf16 GEMM, fp32 softmax) on the same inputs."""
+def check(inp: dict, beta: float, chunk_tokens: int | None) -> dict:
+    """Ours (and lean) against naive (bf16 GEMM, fp32 softmax) on the same inputs."""
     out = {}
     grads = {}
-    for provider in ("naive", "chunked", "chunked-lean", *variants):
+    for provider in ("naive", "chunked", "chunked-lean"):
         inp["hidden"].grad = inp["weight"].grad = None
-        try:
-            loss = loss_fn(provider, inp, beta, chunk_tokens)()
-            loss.backward()
-        except torch.cuda.OutOfMemoryError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - a broken variant is reported, the others still checked
-            out[provider] = {"error": f"{type(exc).__name__}: {str(exc)[:120]}"}
-            continue
+        loss = loss_fn(provider, inp, beta, chunk_tokens)()
+        loss.backward()
         grads[provider] = (loss.detach().double(), inp["hidden"].grad.double(), inp["weight"].grad.double())
         inp["hidden"].grad = inp["weight"].grad = None
     ref = grads.pop("naive")
@@ -176,7 +188,7 @@ def profile_chunk(rows: int, hidden: int, vocab: int) -> dict:
     from triton.testing import do_bench
 
     from . import triton_ops
-    from .functional import _addmm_acc, _mm_into, _scaled
+    from .functional import _addmm_acc
 
     g = torch.Generator(device="cuda").manual_seed(1)
     h = torch.randn(rows, hidden, device="cuda", generator=g).bfloat16()
@@ -196,26 +208,20 @@ def profile_chunk(rows: int, hidden: int, vocab: int) -> dict:
     stages = {
         "logits_gemm": lambda: torch.mm(h, w.t(), out=tile),
         "row_stats": lambda: triton_ops.row_stats(tile, ids, 1.0),
-        # fast_stats variant, on the same logits (the stages below overwrite the tile)
-        "row_stats_fast": lambda: triton_ops.row_stats(tile, ids, 1.0, fast=True),
         "finish_rows_grad": lambda: triton_ops.finish_rows(parts, tgt, grad_inputs),
         "logits_to_grad": lambda: triton_ops.logits_to_grad(tile, ids, lse, gvec, 1.0),
         "dh_gemm": lambda: torch.mm(tile, w, out=gh),
         "dw_gemm_fp32acc": lambda: _addmm_acc(acc32, tile.t(), h),
         "dw_gemm_bf16acc": lambda: _addmm_acc(acc16, tile.t(), h),
-        # The variants' stages: first dW GEMM with beta = 0, the zero-fill it replaces, fast_grad
-        "dw_gemm_fp32_direct": lambda: _mm_into(acc32, tile.t(), h),
         "dw_acc_zero_fill": lambda: acc32.zero_(),
-        "logits_to_grad_fast": lambda: triton_ops.logits_to_grad(tile, ids, lse, gvec, 1.0, fast=True),
-        # The end of a call: default = cast fp32 dW to bf16, then backward scales it in place; fold_cast = one pass
+        # The end of a call: cast fp32 dW to bf16, then backward scales it in place
         "dw_cast_then_scale": lambda: acc32.to(torch.bfloat16).mul_(go.to(torch.bfloat16)),
-        "dw_fold_cast_scale": lambda: _scaled(acc32, go, torch.bfloat16),
     }
     out = {"rows": rows}
     for name, fn in stages.items():
         try:
             out[name] = do_bench(fn, warmup=25, rep=100, return_mode="median")
-        except Exception as exc:  # noqa: BLE001 - a failing variant stage must not lose the others
+        except Exception as exc:  # noqa: BLE001 - a failing stage must not lose the others
             out[name] = float("nan")
             out[f"{name}_error"] = f"{type(exc).__name__}: {str(exc)[:120]}"
     return out
@@ -271,19 +277,14 @@ def _int_list(text: str, option: str) -> list[int]:
     return values
 
 
-def _variant_providers(text: str) -> list[str]:
-    """Provider names for `--variants`: "chunked+<variant>", and "chunked#k" for each repeat of "default"."""
-    out: list[str] = []
-    for spec in (x.strip() for x in text.split(",") if x.strip()):
-        try:
-            parse_variant(spec)
-        except ValueError as exc:
-            raise ValueError(f"--variants: {str(exc).split(': ', 1)[1]}") from None
-        if spec == "default":
-            out.append(f"chunked#{sum(p.startswith('chunked#') for p in out) + 2}")
-        else:
-            out.append(f"chunked+{spec}")
-    return out
+def add_padded_options(ap: argparse.ArgumentParser) -> None:
+    """The padded mode's options (`bench_padded`)."""
+    ap.add_argument("--padding", default="", help="padded mode: percent of padding positions, e.g. 0,25,50,75")
+    ap.add_argument("--valid-tokens", default="4096,16384,32768", help="padded mode: valid tokens per batch")
+    ap.add_argument("--lengths", default=None, help="padded mode: also a batch of real completion lengths: a JSON "
+                    "list of ints, or a run's metrics.jsonl (its completions/mean_length stream gives the mean)")  # fmt: skip
+    ap.add_argument("--scoring", action="store_true", help="padded mode: also time scoring (selective_logprobs)")
+    ap.add_argument("--seed", type=int, default=0, help="padded mode: seed of the length draws and inputs")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -294,24 +295,27 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--hidden", type=int, default=1024)
     ap.add_argument("--vocab", type=int, default=151936)
     ap.add_argument("--beta", type=float, default=0.04)
-    ap.add_argument("--providers", default=",".join(PROVIDERS), help=f"subset of {','.join(PROVIDERS)}")
+    ap.add_argument("--providers", default=None, help=f"subset of {','.join(PROVIDERS)} (padded mode: of "
+                    "floor,trl,chunked,chunked-lean,naive)")  # fmt: skip
     ap.add_argument("--chunk-tokens", type=int, default=None, help="our chunk size (default by vocab)")
     ap.add_argument("--sweep-chunks", default="", help="also time ours at these chunk sizes, e.g. 512,2048")
     ap.add_argument("--sweep-lean", default="", help="also time ours lean at these chunk sizes")
     ap.add_argument("--reps", type=int, default=10)
-    ap.add_argument("--variants", default="", help="also time ours with these opt-in variants (a+b combines; "
-                    "all = every flag; default = the plain one again), e.g. fast_stats,fast_grad,direct_dw,"
-                    "fold_cast,lean_host,async_check,balanced,all,default")
     ap.add_argument("--liger-reps", type=int, default=None, help="reps for liger (~2 s each at 32k tokens); "
-                    "default --reps")
+                    "default --reps")  # fmt: skip
     ap.add_argument("--no-check", action="store_true", help="skip the correctness check of ours vs naive")
     ap.add_argument("--profile", default="", help="also time each stage of one chunk at these sizes, e.g. 1024,4096")
     ap.add_argument("--out", default=None, help="write JSON results here")
+    add_padded_options(ap)
     try:
         args = ap.parse_args(argv)
     except SystemExit as exc:  # argparse already printed a one-line error
         return int(exc.code or 0)
-    providers = [p.strip() for p in args.providers.split(",") if p.strip()]
+    if args.padding or args.lengths:
+        from . import bench_padded
+
+        return bench_padded.main(args, argv)
+    providers = [p.strip() for p in (args.providers or ",".join(PROVIDERS)).split(",") if p.strip()]
     bad = [p for p in providers if p not in PROVIDERS]
     if bad:
         print(f"--providers: unknown {', '.join(bad)}; allowed: {', '.join(PROVIDERS)}", file=sys.stderr)
@@ -321,7 +325,6 @@ def main(argv: list[str] | None = None) -> int:
         sweep = [("chunked", c) for c in _int_list(args.sweep_chunks, "--sweep-chunks")]
         sweep += [("chunked-lean", c) for c in _int_list(args.sweep_lean, "--sweep-lean")]
         profile_rows = _int_list(args.profile, "--profile")
-        variant_provs = _variant_providers(args.variants)
         if args.reps <= 0 or (args.liger_reps is not None and args.liger_reps <= 0):
             raise ValueError("--reps/--liger-reps: expected a positive integer")
     except ValueError as exc:
@@ -335,33 +338,17 @@ def main(argv: list[str] | None = None) -> int:
         inp = make_inputs(batch, args.seq, args.hidden, args.vocab)
         tokens = batch * args.seq
         runs = [(p, args.chunk_tokens, p) for p in providers] + [(f"{p}-c{c}", c, p) for p, c in sweep]
-        runs += [(p, args.chunk_tokens, p) for p in variant_provs]
         for provider, chunk, kind in runs:
             rec = {"provider": provider, "batch": batch, "tokens": tokens, "ms": None, "extra_peak_mib": None}
-            try:
-                if provider == "floor":
-                    step = _floor_fn(inp)
-                else:
-                    step = loss_fn(kind, inp, args.beta, chunk)
-                reps = args.liger_reps or args.reps if provider == "liger" else args.reps
-                rec["reps"] = reps
-                rec["ms"], rec["extra_peak_mib"], rec["host_ms"] = measure(
-                    step, inp, reps, warmup=1 if provider == "liger" else 2
-                )
-            except torch.cuda.OutOfMemoryError:
-                rec["error"] = "OOM"
-            except ImportError as exc:
-                rec["error"] = f"not installed ({exc.name})"
-            except Exception as exc:  # noqa: BLE001 - one provider failing must not lose the others' numbers
-                rec["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''}"
-            inp["hidden"].grad = inp["weight"].grad = None
-            torch.cuda.empty_cache()
+            reps = args.liger_reps or args.reps if provider == "liger" else args.reps
+            rec["reps"] = reps
+            make = functools.partial(loss_fn, kind, inp, args.beta, chunk)
+            rec.update(timed(make, inp, reps, warmup=1 if provider == "liger" else 2))
             records.append(rec)
             print(json.dumps(rec), flush=True)
         if not args.no_check:
             try:
-                checked = tuple(p for p in variant_provs if "+" in p)
-                checks.append({"batch": batch, "tokens": tokens, **check(inp, args.beta, args.chunk_tokens, checked)})
+                checks.append({"batch": batch, "tokens": tokens, **check(inp, args.beta, args.chunk_tokens)})
             except torch.cuda.OutOfMemoryError:
                 checks.append({"batch": batch, "tokens": tokens, "error": "OOM"})
             print(json.dumps(checks[-1]), flush=True)
@@ -371,22 +358,44 @@ def main(argv: list[str] | None = None) -> int:
     for rows in profile_rows:
         profiles.append(profile_chunk(rows, args.hidden, args.vocab))
         print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in profiles[-1].items()}), flush=True)
-    result = {
+    reps = {"default": args.reps, "liger": args.liger_reps or args.reps}
+    result = {**header(argv, args), "reps": reps, "records": records, "checks": checks, "profiles": profiles}
+    return finish(result, args.out, table(records))
+
+
+def header(argv: list[str] | None, args: argparse.Namespace) -> dict:
+    """What every result file starts with: the command, the GPU, the versions and the head's shape."""
+    return {
         "command": " ".join(["python -m grpo_kernels.bench", *(argv if argv is not None else sys.argv[1:])]),
         "gpu": torch.cuda.get_device_name(),
         "versions": _versions(),
-        "reps": {"default": args.reps, "liger": args.liger_reps or args.reps},
-        "variants": {p: p.partition("+")[2] or "default (repeat)" for p in variant_provs},
         "shape": {"seq": args.seq, "hidden": args.hidden, "vocab": args.vocab, "beta": args.beta, "dtype": "bf16"},
-        "records": records,
-        "checks": checks,
-        "profiles": profiles,
     }
-    if args.out:
-        with open(args.out, "w") as f:
+
+
+def finish(result: dict, out: str | None, markdown: str) -> int:
+    """Write `result` as JSON to `out` (if given), print the markdown table last; exit status 0."""
+    if out:
+        with open(out, "w") as f:
             json.dump(result, f, indent=1)
-    print(table(records))
+    print(markdown)
     return 0
+
+
+def timed(make_step: Callable[[], Callable[[], object]], inp: dict, reps: int, warmup: int = 2) -> dict:
+    """{ms, extra_peak_mib, host_ms} of the step `make_step` builds, or {error} (OOM, not installed, a failure)."""
+    try:
+        ms, peak, host = measure(make_step(), inp, reps, warmup=warmup)
+        out = {"ms": ms, "extra_peak_mib": peak, "host_ms": host}
+    except torch.cuda.OutOfMemoryError:
+        out = {"error": "OOM"}
+    except ImportError as exc:
+        out = {"error": f"not installed ({exc.name})"}
+    except Exception as exc:  # noqa: BLE001 - one provider failing must not lose the others' numbers
+        out = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''}"}
+    inp["hidden"].grad = inp["weight"].grad = None
+    torch.cuda.empty_cache()
+    return out
 
 
 if __name__ == "__main__":

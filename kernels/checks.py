@@ -13,13 +13,10 @@ def _shape(t: torch.Tensor) -> str:
     return "(" + ", ".join(str(d) for d in t.shape) + ")"
 
 
-def check_head(
-    hidden: torch.Tensor, weight: torch.Tensor, ids: torch.Tensor, bias: torch.Tensor | None, *, sync: bool = True
-) -> None:
-    """Check the lm_head inputs: hidden (..., H), weight (V, H), ids = hidden.shape[:-1], bias (V,).
+def check_head(hidden: torch.Tensor, weight: torch.Tensor, ids: torch.Tensor, bias: torch.Tensor | None) -> None:
+    """Check the lm_head inputs' shapes and dtypes: hidden (..., H), weight (V, H), ids = hidden.shape[:-1], bias (V,).
 
-    `sync=False` ("async_check" variant): on CUDA the ids' range is asserted on the device instead of read
-    back (no host sync; a bad id then fails as a device-side assert, not a ValueError).
+    The ids' range needs their values: `valid_counts` checks it, in the call's one host sync.
     """
     if not isinstance(hidden, torch.Tensor) or hidden.dim() < 2:
         raise ValueError("hidden must be a tensor of shape (B, T, H)")
@@ -41,10 +38,39 @@ def check_head(
         raise ValueError(f"ids must have shape {tuple(hidden.shape[:-1])} (hidden.shape[:-1]), got {_shape(ids)}")
     if ids.dtype.is_floating_point or ids.dtype == torch.bool:
         raise ValueError(f"ids must be an integer tensor, got {ids.dtype}")
-    if ids.numel() and not sync and ids.is_cuda:
-        torch._assert_async(((ids >= 0) & (ids < weight.shape[0])).all())
-    elif ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= weight.shape[0]):
-        raise ValueError(f"ids must lie in [0, {weight.shape[0]}) (the vocabulary size)")
+
+
+def valid_counts(ids: torch.Tensor, mask: torch.Tensor | None, vocab: int, *, per_sequence: bool = False) -> list[int]:
+    """Check that the ids of valid positions lie in [0, vocab); return how many positions are valid.
+
+    The call's one host sync: the ids' range and the counts come back in one read (the chunk loop needs
+    the counts on the host to size its cuBLAS GEMMs). Ids at masked positions are never read, so padding
+    may hold anything (e.g. -100).
+
+    Args:
+        ids: (B, ...) integer ids; mask: ids.shape, nonzero = valid; None: every position is valid.
+        vocab: the vocabulary size V.
+        per_sequence: count per leading row of ids (B counts) instead of in total (one count).
+
+    Returns:
+        The counts as host ints.
+    """
+    if mask is not None and tuple(mask.shape) != tuple(ids.shape):
+        raise ValueError(f"mask must have shape {tuple(ids.shape)} (the ids' shape), got {_shape(mask)}")
+    rows = ids.shape[0] if per_sequence else 1
+    if ids.numel() == 0:
+        return [0] * rows
+    if mask is None:
+        seen, counts = ids, None
+    else:
+        valid = mask != 0
+        seen = torch.where(valid, ids, 0)
+        counts = valid.reshape(rows, -1).sum(1)  # [rows]
+    extremes = torch.stack([seen.min(), seen.max()]).long()
+    values = (extremes if counts is None else torch.cat([extremes, counts])).tolist()
+    if values[0] < 0 or values[1] >= vocab:
+        raise ValueError(f"ids must lie in [0, {vocab}) (the vocabulary size)")
+    return values[2:] if counts is not None else [ids.numel() // rows] * rows
 
 
 def check_loss_args(

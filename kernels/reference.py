@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from .checks import check_head, check_loss_args
+from .checks import check_head, check_loss_args, valid_counts
 from .loss_math import GrpoMetrics, finish_metrics, per_token_loss, token_weights
 
 
@@ -70,6 +70,7 @@ def reference_grpo_loss(
     `logits_dtype`: see `reference_logprobs`.
     """
     check_head(hidden, weight, completion_ids, bias)
+    valid_counts(completion_ids, None, weight.shape[0])  # the ids' range: every position is scored here
     check_loss_args(
         hidden, completion_mask, advantages, old_logps, ref_logps, beta=beta, epsilon_low=epsilon_low,
         epsilon_high=epsilon_high, loss_type=loss_type, temperature=temperature,

@@ -8,7 +8,6 @@ The chunk's logits `[n, V]` come from cuBLAS. Two passes then touch them:
    d(loss)/d(logits) = g * (onehot(target) - softmax) / T, ready for the gradient GEMMs.
 
 The twins run off CUDA (or without Triton); tests also run the Triton kernels on CPU under TRITON_INTERPRET=1.
-Opt-in faster variants of both passes live in `triton_fast` (`fast=True` here selects them).
 """
 
 from __future__ import annotations
@@ -17,7 +16,6 @@ import os
 
 import torch
 
-from . import triton_fast
 from .loss_math import token_level_grad
 
 try:
@@ -255,22 +253,13 @@ def _finish_rows_torch(
         )
 
 
-def row_stats(
-    logits: torch.Tensor,
-    targets: torch.Tensor,
-    inv_t: float,
-    *,
-    fast: bool = False,
-    out: tuple[torch.Tensor, torch.Tensor] | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+def row_stats(logits: torch.Tensor, targets: torch.Tensor, inv_t: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-(row, vocab segment) statistics of `logits * inv_t` and each row's target logit.
 
     Args:
         logits: [n, V] chunk of logits (row stride may exceed V).
         targets: [n] int64 target ids in [0, V).
         inv_t: 1 / temperature.
-        fast: use the multi-row "fast_stats" kernel (autotuned on CUDA); same results.
-        out: optional ([3, >= n, n_seg], [>= n]) buffers to fill (their first n rows), e.g. reused per chunk.
 
     Returns:
         ([3, n, n_seg] running max / sum of exp / sum of exp * (z - max), [n] scaled target logits),
@@ -279,16 +268,11 @@ def row_stats(
     n, n_cols = logits.shape
     stats_dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
     block, seg, n_seg = _stats_geometry(n_cols)
-    if out is None:
-        parts = torch.empty((3, n, n_seg), device=logits.device, dtype=stats_dtype)
-        target_logit = torch.empty((n,), device=logits.device, dtype=stats_dtype)
-    else:
-        parts, target_logit = out[0][:, :n], out[1][:n]
+    parts = torch.empty((3, n, n_seg), device=logits.device, dtype=stats_dtype)
+    target_logit = torch.empty((n,), device=logits.device, dtype=stats_dtype)
     args = (logits, logits.stride(0), targets, parts[0], parts[1], parts[2], target_logit, n_cols, n_seg, inv_t)
     if not use_triton(logits.device):
         _row_stats_torch(*args, SEG=seg, BLOCK=block)
-    elif fast:
-        triton_fast.row_stats_fast(args, n, n_seg, seg, block)
     elif INTERPRET:
         _row_stats_kernel[(n, n_seg)](*args, SEG=seg, BLOCK=block)
     else:
@@ -303,17 +287,10 @@ def _stats_geometry(n_cols: int) -> tuple[int, int, int]:
     return block, seg, -(-n_cols // seg)
 
 
-def stats_segments(n_cols: int) -> int:
-    """Number of vocab segments `row_stats` splits a row of `n_cols` into (the partials' last dim)."""
-    return _stats_geometry(n_cols)[2]
-
-
 def finish_rows(
     parts: torch.Tensor,
     target_logit: torch.Tensor,
     grad_inputs: dict | None = None,
-    *,
-    out: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Log-prob, entropy, logsumexp per row and, given `grad_inputs`, d(loss)/d(log-prob).
 
@@ -321,15 +298,12 @@ def finish_rows(
         parts, target_logit: from `row_stats`.
         grad_inputs: for token-level sampling: old (or None), ref (or None), adv, w ([n] each) and
             beta, epsilon_low, epsilon_high; None for no gradient.
-        out: optional four contiguous [n] destinations (log-prob, entropy, logsumexp, gradient), e.g. slices
-            of the call's log-prob and entropy vectors, so no copy kernels follow.
 
     Returns:
         ([n] log-probs, [n] entropies, [n] logsumexp, [n] gradient or None).
     """
     _, n, n_seg = parts.shape
-    if out is None:
-        out = torch.empty((4 if grad_inputs else 3, n), device=parts.device, dtype=parts.dtype)
+    out = torch.empty((4 if grad_inputs else 3, n), device=parts.device, dtype=parts.dtype)
     gi = grad_inputs or {}
     dummy = out[0]
     old, ref = gi.get("old"), gi.get("ref")
@@ -359,27 +333,13 @@ def logprob_stats(
 
 
 def logits_to_grad(
-    logits: torch.Tensor,
-    targets: torch.Tensor,
-    lse: torch.Tensor,
-    grad_logps: torch.Tensor,
-    inv_t: float,
-    *,
-    fast: bool = False,
+    logits: torch.Tensor, targets: torch.Tensor, lse: torch.Tensor, grad_logps: torch.Tensor, inv_t: float
 ) -> None:
-    """Overwrite `logits` [n, V] with d(loss)/d(logits) given d(loss)/d(log-prob) `grad_logps` [n].
-
-    `fast`: the multi-row "fast_grad" kernel (autotuned on CUDA; its first call per vocabulary width
-    clones the buffer to restore it between trials); same results.
-    """
+    """Overwrite `logits` [n, V] with d(loss)/d(logits) given d(loss)/d(log-prob) `grad_logps` [n]."""
     n, n_cols = logits.shape
     if not use_triton(logits.device):
         _logits_to_grad_torch(logits, logits.stride(0), targets, lse, grad_logps, n_cols, inv_t, GRAD_BLOCK)
-    elif fast:
-        triton_fast.logits_to_grad_fast(logits, targets, lse, grad_logps, inv_t, _pow2_at_most(n_cols, GRAD_BLOCK))
-    else:
-        block = _pow2_at_most(n_cols, GRAD_BLOCK)
-        grid = (n, -(-n_cols // block))
-        _logits_to_grad_kernel[grid](
-            logits, logits.stride(0), targets, lse, grad_logps, n_cols, inv_t, BLOCK=block, num_warps=8
-        )
+        return
+    block = _pow2_at_most(n_cols, GRAD_BLOCK)
+    grid = (n, -(-n_cols // block))
+    _logits_to_grad_kernel[grid](logits, logits.stride(0), targets, lse, grad_logps, n_cols, inv_t, BLOCK=block, num_warps=8)

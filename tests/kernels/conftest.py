@@ -17,10 +17,9 @@ import torch
 
 if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
-    # triton_fast first: triton_ops' reload picks up the module object it finds
-    for name in ("grpo_kernels.triton_fast", "grpo_kernels.triton_ops"):
-        if name in sys.modules and not sys.modules[name].INTERPRET:
-            importlib.reload(sys.modules[name])
+    name = "grpo_kernels.triton_ops"
+    if name in sys.modules and not sys.modules[name].INTERPRET:
+        importlib.reload(sys.modules[name])
 
 from grpo_kernels import triton_ops  # noqa: E402
 
@@ -95,15 +94,6 @@ def _make_inputs(
         # Ratios far enough from 1 that some clip on both sides
         old = lp + 0.5 * torch.randn(B, T, generator=g, dtype=torch.float64)
     return dict(hidden=hidden, weight=weight, bias=b, ids=ids, mask=mask, adv=adv, ref=ref, old=old)
-
-
-@pytest.fixture(params=["fast_stats", "direct_dw", "lean_host", "fast_grad", "fold_cast", "async_check", "balanced", "all"])
-def variant(request, monkeypatch):
-    """Switch on one opt-in variant of the chunk loop (grpo_kernels.functional.VARIANT) for the test."""
-    from grpo_kernels import functional
-
-    monkeypatch.setattr(functional, "VARIANT", request.param)
-    return request.param
 
 
 @pytest.fixture

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
-
-from grpo_kernels import bench
+from grpo_kernels import bench, bench_padded
 
 
 def _cpu_inputs(batch: int, seq: int, hidden: int, vocab: int, seed: int = 0) -> dict:
@@ -66,41 +67,9 @@ def test_providers_agree_on_cpu():
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
-def test_variant_options_name_providers_and_reject_unknown(capsys):
-    assert bench._variant_providers("fast_stats,all,default,direct_dw+lean_host,default") == [
-        "chunked+fast_stats", "chunked+all", "chunked#2", "chunked+direct_dw+lean_host", "chunked#3",
-    ]  # fmt: skip
-    assert bench.main(["--variants", "fast_stats,turbo"]) == 2
-    err = capsys.readouterr().err.strip()
-    assert err.startswith("--variants: unknown turbo; allowed:") and "\n" not in err
-    assert bench.main(["--liger-reps", "0"]) == 2
-    assert capsys.readouterr().err.startswith("--reps/--liger-reps")
-
-
-def test_variant_providers_run_their_variant_and_agree_on_cpu(monkeypatch):
-    # The bench's variant closures switch the chunk loop's flags while they run, then restore them
-    from grpo_kernels import functional
-
-    seen = []
-    real = functional._chunk_loop
-    monkeypatch.setattr(functional, "_chunk_loop", lambda *a, **k: (seen.append(functional.variant_flags()), real(*a, **k))[1])
-    inp = _cpu_inputs(2, 5, 16, 40, seed=1)
-    providers = ["naive", "chunked", *bench._variant_providers("fast_stats,direct_dw,lean_host,all,default")]
-    out = _loss_and_grads(providers, inp, chunk_tokens=3)
-    assert seen == [frozenset(), frozenset({"fast_stats"}), frozenset({"direct_dw"}), frozenset({"lean_host"}),
-                    frozenset(functional.VARIANT_FLAGS), frozenset()]  # fmt: skip
-    assert functional.VARIANT is None
-    for provider in out:
-        for a, b in zip(out[provider], out["naive"]):
-            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
-
-
-def test_main_end_to_end_with_variants_on_cpu(monkeypatch, tmp_path, capsys):
-    # The whole CLI flow (records, checks of every variant against naive, JSON, table last) on tiny CPU
-    # inputs; only the CUDA-specific pieces are replaced: input placement and the event-timed measure
-    import json
-
-    calls = []
+def _cpu_run(monkeypatch, argv: list[str]) -> tuple[int, list[int]]:
+    """bench.main on tiny CPU inputs: only the CUDA-specific pieces are replaced (input placement, timing)."""
+    calls: list[int] = []
 
     def cpu_measure(step, inp, reps, warmup=2):
         calls.append(reps)
@@ -114,19 +83,104 @@ def test_main_end_to_end_with_variants_on_cpu(monkeypatch, tmp_path, capsys):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "cpu-test")
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    return bench.main(argv), calls
+
+
+def test_main_end_to_end_on_cpu(monkeypatch, tmp_path, capsys):
+    # The whole CLI flow (records, checks against naive, JSON, table last) on tiny CPU inputs
     out = tmp_path / "k.json"
     argv = ["--batch", "1,2", "--seq", "4", "--hidden", "8", "--vocab", "30", "--chunk-tokens", "3",
-            "--providers", "floor,naive,chunked,liger", "--variants", "fast_stats,all,default", "--reps", "3",
-            "--liger-reps", "1", "--out", str(out)]  # fmt: skip
-    assert bench.main(argv) == 0
+            "--providers", "floor,naive,chunked,trl", "--reps", "3", "--out", str(out)]  # fmt: skip
+    rc, calls = _cpu_run(monkeypatch, argv)
+    assert rc == 0 and calls == [3] * 8
     res = json.loads(out.read_text())
-    provs = ["floor", "naive", "chunked", "liger", "chunked+fast_stats", "chunked+all", "chunked#2"]
-    assert [r["provider"] for r in res["records"]] == provs * 2
-    assert res["variants"] == {"chunked+fast_stats": "fast_stats", "chunked+all": "all", "chunked#2": "default (repeat)"}
-    assert res["reps"] == {"default": 3, "liger": 1}
+    assert [r["provider"] for r in res["records"]] == ["floor", "naive", "chunked", "trl"] * 2
+    assert res["reps"] == {"default": 3, "liger": 3} and res["gpu"] == "cpu-test"
     for chk in res["checks"]:
-        for p in ("chunked", "chunked-lean", "chunked+fast_stats", "chunked+all"):
+        for p in ("chunked", "chunked-lean"):
             assert chk[p]["grad_weight_cos"] > 0.99999 and chk[p]["loss_rel_err"] < 1e-5, (p, chk[p])
     printed = capsys.readouterr().out.strip().splitlines()
-    assert printed[-4].startswith("| batch (tokens) | floor | naive | chunked | liger | chunked+fast_stats |")
+    assert printed[-4].startswith("| batch (tokens) | floor | naive | chunked | trl |")
     assert printed[-1].startswith("| 2 (8) |")
+
+
+def test_draw_lengths_sum_exactly_with_the_asked_padding():
+    for pct in (0, 25, 50, 75):
+        lengths = bench_padded.draw_lengths(4096, 512, 512 * (1 - pct / 100), seed=3)
+        assert sum(lengths) == 4096 and all(1 <= n <= 512 for n in lengths)
+        padding = 1 - 4096 / (len(lengths) * 512)
+        assert abs(padding - pct / 100) < 0.03, (pct, padding)
+        assert lengths == bench_padded.draw_lengths(4096, 512, 512 * (1 - pct / 100), seed=3)  # fixed seed
+    assert len(set(bench_padded.draw_lengths(4096, 512, 256, seed=0))) > 10  # spread, not one length
+    assert bench_padded.draw_lengths(1024, 512, 512) == [512, 512]
+    assert bench_padded.draw_lengths(5, 512, 300) == [5]
+    pooled = bench_padded.draw_lengths(1000, 64, 30, seed=1, pool=[20, 40, 100])
+    assert sum(pooled) == 1000 and max(pooled) <= 64
+
+
+def test_lengths_from_a_list_or_a_metrics_stream(tmp_path):
+    lst = tmp_path / "lengths.json"
+    lst.write_text("[100, 200, 300]")
+    assert bench_padded.lengths_from_file(str(lst)) == (200.0, [100, 200, 300])
+    stream = tmp_path / "metrics.jsonl"
+    stream.write_text('{"event": "start"}\n{"step": 1, "completions/mean_length": 150.0}\n\n'
+                      '{"step": 2, "completion_length": 250}\n')  # fmt: skip
+    assert bench_padded.lengths_from_file(str(stream)) == (200.0, None)
+    lst.write_text('{"a": 1}')
+    with pytest.raises(ValueError, match="JSON list of positive ints"):
+        bench_padded.lengths_from_file(str(lst))
+
+
+def test_padded_options_give_one_line_errors(capsys):
+    assert bench.main(["--padding", "0,100"]) == 2
+    assert capsys.readouterr().err.startswith("--padding: expected comma-separated percentages in [0, 100)")
+    assert bench.main(["--padding", "25", "--providers", "liger"]) == 2
+    assert "--providers: unknown liger; allowed: floor, trl" in capsys.readouterr().err
+    assert bench.main(["--padding", "25", "--valid-tokens", "0"]) == 2
+    assert capsys.readouterr().err.startswith("--valid-tokens:")
+
+
+def test_padded_providers_agree_on_cpu():
+    # trl (valid rows only, labels -100), ours and naive give one loss and gradient on a padded batch, and
+    # one set of scores at the valid positions
+    lengths = [6, 2, 0, 4]
+    inp = _cpu_inputs(4, 6, 16, 50, seed=2)
+    inp["mask"] = bench_padded.right_padding_mask(lengths, 6)
+    out = _loss_and_grads(("naive", "trl", "chunked", "chunked-lean"), inp, chunk_tokens=4)
+    for provider in ("trl", "chunked", "chunked-lean"):
+        for a, b in zip(out[provider], out["naive"]):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    valid = inp["mask"] != 0
+    scores = {p: bench.score_fn(p, inp, chunk_tokens=4)() for p in ("naive", "trl", "chunked")}
+    for p in ("trl", "chunked"):
+        for a, b in zip(scores[p], scores["naive"]):
+            torch.testing.assert_close(a[valid], b[valid], rtol=1e-5, atol=1e-5)
+            assert (a[~valid] == 0).all()
+    assert bench.score_fn("floor", inp)() is None
+
+
+def test_padded_mode_end_to_end_on_cpu(monkeypatch, tmp_path, capsys):
+    lengths_file = tmp_path / "lengths.json"
+    lengths_file.write_text("[3, 5, 8, 1]")
+    out = tmp_path / "p.json"
+    argv = ["--padding", "0,50", "--valid-tokens", "16,24", "--lengths", str(lengths_file), "--scoring",
+            "--seq", "8", "--hidden", "8", "--vocab", "30", "--chunk-tokens", "5", "--reps", "2", "--out", str(out)]  # fmt: skip
+    rc, calls = _cpu_run(monkeypatch, argv)
+    assert rc == 0
+    res = json.loads(out.read_text())
+    recs = res["records"]
+    # 2 sizes x (0%, 50%, real) x (5 loss + 4 scoring providers)
+    assert len(recs) == len(calls) == 2 * 3 * 9
+    assert {(r["valid_tokens"], r["padding"]) for r in recs} == {(n, p) for n in (16, 24) for p in ("0%", "50%", "real")}
+    by = {(r["mode"], r["valid_tokens"], r["padding"], r["provider"]): r for r in recs}
+    assert by[("loss", 16, "0%", "floor")]["batch"] == 2 and by[("loss", 16, "0%", "floor")]["padding_frac"] == 0
+    assert by[("loss", 24, "50%", "trl")]["padding_frac"] == pytest.approx(0.5, abs=0.1)
+    assert ("scoring", 16, "0%", "chunked-lean") not in by
+    assert all(r["ms"] is not None for r in recs), [r for r in recs if r["ms"] is None]
+    for chk in res["checks"]:
+        assert chk["chunked"]["grad_hidden_cos"] > 0.99999 and chk["chunked"]["loss_rel_err"] < 1e-5, chk
+    assert res["lengths"]["file"] == str(lengths_file)
+    printed = capsys.readouterr().out.strip().splitlines()
+    assert printed[-14].startswith("| mode | valid tokens | padding (B x T) | floor | trl | chunked |")
+    assert printed[-12].startswith("| loss | 16 | 0% (0.0% of 2 x 8) | ")
+    assert printed[-1].startswith("| scoring | 24 | real lengths (")
