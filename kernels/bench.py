@@ -50,9 +50,16 @@ def _trl_head(inp: dict) -> tuple[torch.Tensor, ...]:
     labels = inp["ids"].masked_fill(inp["mask"] == 0, -100)
     valid = labels != -100
     per_token = ChunkedLogProbFunction.apply(
-        inp["hidden"][valid], inp["weight"], None, labels[valid], 1.0, _CHUNKED_LOGPROB_CHUNK_SIZE, None, 1.0,
+        inp["hidden"][valid],
+        inp["weight"],
+        None,
+        labels[valid],
+        1.0,
+        _CHUNKED_LOGPROB_CHUNK_SIZE,
+        None,
+        1.0,
         ("entropy",),
-    )  # fmt: skip
+    )
     return tuple(None if x is None else x.new_zeros(valid.shape).masked_scatter(valid, x) for x in per_token[:2])
 
 
@@ -60,9 +67,16 @@ def _trl_fn(inp: dict, beta: float) -> Callable[[], torch.Tensor]:
     def run() -> torch.Tensor:
         logps, _ent = _trl_head(inp)
         loss_tok, _ = per_token_loss(
-            logps, None, inp["ref"], inp["adv"].unsqueeze(1), inp["mask"], beta=beta, epsilon_low=0.2,
-            epsilon_high=0.2, importance_sampling_level="token",
-        )  # fmt: skip
+            logps,
+            None,
+            inp["ref"],
+            inp["adv"].unsqueeze(1),
+            inp["mask"],
+            beta=beta,
+            epsilon_low=0.2,
+            epsilon_high=0.2,
+            importance_sampling_level="token",
+        )
         w = token_weights(inp["mask"], "dapo", max_completion_length=None, num_items_in_batch=None, dtype=logps.dtype)
         return (loss_tok * w).sum()
 
@@ -198,8 +212,15 @@ def profile_chunk(rows: int, hidden: int, vocab: int) -> dict:
     torch.mm(h, w.t(), out=tile)
     parts, tgt = triton_ops.row_stats(tile, ids, 1.0)
     lp, _, lse, _ = triton_ops.finish_rows(parts, tgt)
-    grad_inputs = dict(old=None, ref=lp - 0.1, adv=torch.randn(rows, device="cuda"), w=torch.full_like(lp, 1 / rows),
-                       beta=0.04, epsilon_low=0.2, epsilon_high=0.2)  # fmt: skip
+    grad_inputs = dict(
+        old=None,
+        ref=lp - 0.1,
+        adv=torch.randn(rows, device="cuda"),
+        w=torch.full_like(lp, 1 / rows),
+        beta=0.04,
+        epsilon_low=0.2,
+        epsilon_high=0.2,
+    )
     acc32 = torch.zeros(vocab, hidden, device="cuda")
     acc16 = torch.zeros(vocab, hidden, device="cuda", dtype=torch.bfloat16)
     gh = torch.empty_like(h)
@@ -221,7 +242,7 @@ def profile_chunk(rows: int, hidden: int, vocab: int) -> dict:
     for name, fn in stages.items():
         try:
             out[name] = do_bench(fn, warmup=25, rep=100, return_mode="median")
-        except Exception as exc:  # noqa: BLE001 - a failing stage must not lose the others
+        except Exception as exc:  # a failing stage must not lose the others
             out[name] = float("nan")
             out[f"{name}_error"] = f"{type(exc).__name__}: {str(exc)[:120]}"
     return out
@@ -281,8 +302,12 @@ def add_padded_options(ap: argparse.ArgumentParser) -> None:
     """The padded mode's options (`bench_padded`)."""
     ap.add_argument("--padding", default="", help="padded mode: percent of padding positions, e.g. 0,25,50,75")
     ap.add_argument("--valid-tokens", default="4096,16384,32768", help="padded mode: valid tokens per batch")
-    ap.add_argument("--lengths", default=None, help="padded mode: also a batch of real completion lengths: a JSON "
-                    "list of ints, or a run's metrics.jsonl (its completions/mean_length stream gives the mean)")  # fmt: skip
+    ap.add_argument(
+        "--lengths",
+        default=None,
+        help="padded mode: also a batch of real completion lengths: a JSON "
+        "list of ints, or a run's metrics.jsonl (its completions/mean_length stream gives the mean)",
+    )
     ap.add_argument("--scoring", action="store_true", help="padded mode: also time scoring (selective_logprobs)")
     ap.add_argument("--seed", type=int, default=0, help="padded mode: seed of the length draws and inputs")
 
@@ -295,14 +320,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--hidden", type=int, default=1024)
     ap.add_argument("--vocab", type=int, default=151936)
     ap.add_argument("--beta", type=float, default=0.04)
-    ap.add_argument("--providers", default=None, help=f"subset of {','.join(PROVIDERS)} (padded mode: of "
-                    "floor,trl,chunked,chunked-lean,naive)")  # fmt: skip
+    ap.add_argument(
+        "--providers",
+        default=None,
+        help=f"subset of {','.join(PROVIDERS)} (padded mode: of floor,trl,chunked,chunked-lean,naive)",
+    )
     ap.add_argument("--chunk-tokens", type=int, default=None, help="our chunk size (default by vocab)")
     ap.add_argument("--sweep-chunks", default="", help="also time ours at these chunk sizes, e.g. 512,2048")
     ap.add_argument("--sweep-lean", default="", help="also time ours lean at these chunk sizes")
     ap.add_argument("--reps", type=int, default=10)
-    ap.add_argument("--liger-reps", type=int, default=None, help="reps for liger (~2 s each at 32k tokens); "
-                    "default --reps")  # fmt: skip
+    ap.add_argument(
+        "--liger-reps", type=int, default=None, help="reps for liger (~2 s each at 32k tokens); default --reps"
+    )
     ap.add_argument("--no-check", action="store_true", help="skip the correctness check of ours vs naive")
     ap.add_argument("--profile", default="", help="also time each stage of one chunk at these sizes, e.g. 1024,4096")
     ap.add_argument("--out", default=None, help="write JSON results here")
@@ -391,7 +420,7 @@ def timed(make_step: Callable[[], Callable[[], object]], inp: dict, reps: int, w
         out = {"error": "OOM"}
     except ImportError as exc:
         out = {"error": f"not installed ({exc.name})"}
-    except Exception as exc:  # noqa: BLE001 - one provider failing must not lose the others' numbers
+    except Exception as exc:  # one provider failing must not lose the others' numbers
         out = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''}"}
     inp["hidden"].grad = inp["weight"].grad = None
     torch.cuda.empty_cache()

@@ -142,7 +142,7 @@ def _autocast_inputs(hidden, weight, bias):
     if not torch.is_autocast_enabled(dev):
         return hidden, weight, bias
     dtype = torch.get_autocast_dtype(dev)
-    cast = lambda t: t if t is None or t.dtype == dtype or not t.is_floating_point() else t.to(dtype)  # noqa: E731
+    cast = lambda t: t if t is None or t.dtype == dtype or not t.is_floating_point() else t.to(dtype)  # noqa: E731 - a one-line helper local to this call
     return cast(hidden), cast(weight), cast(bias)
 
 
@@ -197,27 +197,65 @@ def fused_linear_grpo_loss(
         hidden, weight, bias = _autocast_inputs(hidden, weight, bias)
     with torch.autocast(hidden.device.type if isinstance(hidden, torch.Tensor) else "cpu", enabled=False):
         return _fused_linear_grpo_loss(
-            hidden, weight, completion_ids, completion_mask, advantages, bias=bias, old_logps=old_logps,
-            ref_logps=ref_logps, beta=beta, epsilon_low=epsilon_low, epsilon_high=epsilon_high, loss_type=loss_type,
-            temperature=temperature, max_completion_length=max_completion_length,
-            num_items_in_batch=num_items_in_batch, importance_sampling_level=importance_sampling_level,
-            chunk_tokens=chunk_tokens, lean=lean,
-        )  # fmt: skip
+            hidden,
+            weight,
+            completion_ids,
+            completion_mask,
+            advantages,
+            bias=bias,
+            old_logps=old_logps,
+            ref_logps=ref_logps,
+            beta=beta,
+            epsilon_low=epsilon_low,
+            epsilon_high=epsilon_high,
+            loss_type=loss_type,
+            temperature=temperature,
+            max_completion_length=max_completion_length,
+            num_items_in_batch=num_items_in_batch,
+            importance_sampling_level=importance_sampling_level,
+            chunk_tokens=chunk_tokens,
+            lean=lean,
+        )
 
 
 def _fused_linear_grpo_loss(
-    hidden, weight, completion_ids, completion_mask, advantages, *, bias, old_logps, ref_logps, beta, epsilon_low,
-    epsilon_high, loss_type, temperature, max_completion_length, num_items_in_batch, importance_sampling_level,
-    chunk_tokens, lean,
-):  # fmt: skip
+    hidden,
+    weight,
+    completion_ids,
+    completion_mask,
+    advantages,
+    *,
+    bias,
+    old_logps,
+    ref_logps,
+    beta,
+    epsilon_low,
+    epsilon_high,
+    loss_type,
+    temperature,
+    max_completion_length,
+    num_items_in_batch,
+    importance_sampling_level,
+    chunk_tokens,
+    lean,
+):
     """`fused_linear_grpo_loss` with autocast resolved."""
     check_head(hidden, weight, completion_ids, bias)
     check_loss_args(
-        hidden, completion_mask, advantages, old_logps, ref_logps, beta=beta, epsilon_low=epsilon_low,
-        epsilon_high=epsilon_high, loss_type=loss_type, temperature=temperature,
-        max_completion_length=max_completion_length, importance_sampling_level=importance_sampling_level,
+        hidden,
+        completion_mask,
+        advantages,
+        old_logps,
+        ref_logps,
+        beta=beta,
+        epsilon_low=epsilon_low,
+        epsilon_high=epsilon_high,
+        loss_type=loss_type,
+        temperature=temperature,
+        max_completion_length=max_completion_length,
+        importance_sampling_level=importance_sampling_level,
         chunk_tokens=chunk_tokens,
-    )  # fmt: skip
+    )
     batch, seq, width = hidden.shape
     vocab = weight.shape[0]
     stats_dtype = torch.float64 if hidden.dtype == torch.float64 else torch.float32
@@ -225,17 +263,23 @@ def _fused_linear_grpo_loss(
     counts = valid_counts(completion_ids, completion_mask, vocab, per_sequence=by_sequence)  # the one host sync
     valid = completion_mask != 0  # (B, T)
     chunks = plan_chunks(
-        valid.reshape(-1), batch * seq, counts, chunk_tokens or default_chunk_tokens(vocab, hidden.dtype, lean),
+        valid.reshape(-1),
+        batch * seq,
+        counts,
+        chunk_tokens or default_chunk_tokens(vocab, hidden.dtype, lean),
         whole_sequences=by_sequence,
-    )  # fmt: skip
+    )
     grad_on = torch.is_grad_enabled()
     want = tuple(grad_on and t is not None and t.requires_grad for t in (hidden, weight, bias))
 
     mask2d = completion_mask.to(stats_dtype)
     weights = token_weights(
-        mask2d, loss_type, max_completion_length=max_completion_length, num_items_in_batch=num_items_in_batch,
+        mask2d,
+        loss_type,
+        max_completion_length=max_completion_length,
+        num_items_in_batch=num_items_in_batch,
         dtype=stats_dtype,
-    )  # fmt: skip
+    )
     adv = advantages.to(stats_dtype).unsqueeze(1)  # (B, 1)
     # Skipped positions get log-prob 0; old/ref 0 there too make their ratio 1 and KL 0, as in TRL (whose
     # own scoring returns 0 at padding), so no inf * 0 from the masked positions can reach the loss value
@@ -244,9 +288,10 @@ def _fused_linear_grpo_loss(
     clip = dict(epsilon_low=epsilon_low, epsilon_high=epsilon_high)
     if not by_sequence:
         seq_grad = None
-        flat = lambda t: None if t is None else t.reshape(-1)  # noqa: E731
-        token_grad = dict(old=flat(old), ref=flat(ref), adv=adv.expand(batch, seq).reshape(-1), w=flat(weights),
-                          beta=beta, **clip)  # fmt: skip
+        flat = lambda t: None if t is None else t.reshape(-1)  # noqa: E731 - a one-line helper local to this call
+        token_grad = dict(
+            old=flat(old), ref=flat(ref), adv=adv.expand(batch, seq).reshape(-1), w=flat(weights), beta=beta, **clip
+        )
     else:
         token_grad = None
 
@@ -263,16 +308,30 @@ def _fused_linear_grpo_loss(
                     n_seq = seqs.stop - seqs.start
                     dense = x.new_zeros(n_seq * seq).index_put((at,), x).view(n_seq, seq)
                 loss_tok, _ = per_token_loss(
-                    dense, None if old is None else old[seqs], None if ref is None else ref[seqs], adv[seqs],
-                    mask2d[seqs], beta=beta, importance_sampling_level="sequence", **clip,
-                )  # fmt: skip
+                    dense,
+                    None if old is None else old[seqs],
+                    None if ref is None else ref[seqs],
+                    adv[seqs],
+                    mask2d[seqs],
+                    beta=beta,
+                    importance_sampling_level="sequence",
+                    **clip,
+                )
                 return torch.autograd.grad((loss_tok * weights[seqs]).sum(), x)[0]
 
     with torch.no_grad():
         logps, entropies, gh, gw, gb = _chunk_loop(
-            hidden.reshape(-1, width), weight, bias, completion_ids.reshape(-1).long(), chunks,
-            inv_t=1.0 / temperature, token_grad=token_grad, seq_grad=seq_grad, want=want, lean=lean,
-        )  # fmt: skip
+            hidden.reshape(-1, width),
+            weight,
+            bias,
+            completion_ids.reshape(-1).long(),
+            chunks,
+            inv_t=1.0 / temperature,
+            token_grad=token_grad,
+            seq_grad=seq_grad,
+            want=want,
+            lean=lean,
+        )
         # The loss value and the logged metrics from all log-probs at once: the same code as the reference
         logps, entropies = logps.view(batch, seq), entropies.view(batch, seq)
         loss_tok, stats = per_token_loss(
@@ -316,14 +375,25 @@ def selective_logprobs(
     check_chunking(temperature, chunk_tokens)
     counts = valid_counts(ids, mask, weight.shape[0])  # the one host sync
     chunks = plan_chunks(
-        None if mask is None else (mask != 0).reshape(-1), ids.numel(), counts,
-        chunk_tokens or default_chunk_tokens(weight.shape[0], hidden.dtype), whole_sequences=False,
-    )  # fmt: skip
+        None if mask is None else (mask != 0).reshape(-1),
+        ids.numel(),
+        counts,
+        chunk_tokens or default_chunk_tokens(weight.shape[0], hidden.dtype),
+        whole_sequences=False,
+    )
     with torch.autocast(hidden.device.type, enabled=False):
         logps, entropies, *_ = _chunk_loop(
-            hidden.reshape(-1, hidden.shape[-1]), weight, bias, ids.reshape(-1).long(), chunks,
-            inv_t=1.0 / temperature, token_grad=None, seq_grad=None, want=(False, False, False), lean=False,
-        )  # fmt: skip
+            hidden.reshape(-1, hidden.shape[-1]),
+            weight,
+            bias,
+            ids.reshape(-1).long(),
+            chunks,
+            inv_t=1.0 / temperature,
+            token_grad=None,
+            seq_grad=None,
+            want=(False, False, False),
+            lean=False,
+        )
     if return_entropy:
         return logps.view(ids.shape), entropies.view(ids.shape)
     return logps.view(ids.shape)

@@ -72,22 +72,41 @@ def reference_grpo_loss(
     check_head(hidden, weight, completion_ids, bias)
     valid_counts(completion_ids, None, weight.shape[0])  # the ids' range: every position is scored here
     check_loss_args(
-        hidden, completion_mask, advantages, old_logps, ref_logps, beta=beta, epsilon_low=epsilon_low,
-        epsilon_high=epsilon_high, loss_type=loss_type, temperature=temperature,
-        max_completion_length=max_completion_length, importance_sampling_level=importance_sampling_level,
+        hidden,
+        completion_mask,
+        advantages,
+        old_logps,
+        ref_logps,
+        beta=beta,
+        epsilon_low=epsilon_low,
+        epsilon_high=epsilon_high,
+        loss_type=loss_type,
+        temperature=temperature,
+        max_completion_length=max_completion_length,
+        importance_sampling_level=importance_sampling_level,
         chunk_tokens=None,
-    )  # fmt: skip
+    )
     logps, entropies = reference_logprobs(
         hidden, weight, completion_ids, bias=bias, temperature=temperature, logits_dtype=logits_dtype
     )
     mask = completion_mask.to(logps.dtype)
     loss_tok, stats = per_token_loss(
-        logps, old_logps, ref_logps, advantages.to(logps.dtype).unsqueeze(1), mask, beta=beta,
-        epsilon_low=epsilon_low, epsilon_high=epsilon_high, importance_sampling_level=importance_sampling_level,
-    )  # fmt: skip
+        logps,
+        old_logps,
+        ref_logps,
+        advantages.to(logps.dtype).unsqueeze(1),
+        mask,
+        beta=beta,
+        epsilon_low=epsilon_low,
+        epsilon_high=epsilon_high,
+        importance_sampling_level=importance_sampling_level,
+    )
     w = token_weights(
-        mask, loss_type, max_completion_length=max_completion_length, num_items_in_batch=num_items_in_batch,
+        mask,
+        loss_type,
+        max_completion_length=max_completion_length,
+        num_items_in_batch=num_items_in_batch,
         dtype=logps.dtype,
-    )  # fmt: skip
+    )
     loss = (loss_tok * w).sum()
     return loss, finish_metrics(stats, logps.detach(), entropies.detach(), mask)

@@ -272,6 +272,8 @@ class GrpoTuiTrainer(GRPOTrainer):
                 hidden,
                 weight,
                 targets,
+                # Padding after EOS costs nothing (its log-prob comes back 0; every consumer masks it).
+                mask=attention_mask[:, -logits_to_keep:],
                 bias=bias,
                 temperature=self.temperature,
                 return_entropy=entropy,

@@ -6,13 +6,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from grpo_kernels import fused_linear_grpo_loss, selective_logprobs, triton_ops
+from grpo_kernels.reference import reference_grpo_loss, reference_logprobs
+
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
 ]
 
-from grpo_kernels import fused_linear_grpo_loss, selective_logprobs, triton_ops  # noqa: E402
-from grpo_kernels.reference import reference_grpo_loss, reference_logprobs  # noqa: E402
 
 # bf16: logits and dlogits are held in bf16 (8 bits of mantissa), as in every bf16 lm_head
 BF16_LOSS_RTOL, BF16_GRAD_COS = 2e-3, 0.9999
@@ -37,12 +38,23 @@ def _inputs(B, T, H, V, dtype, *, off_policy=True, bias=False, seed=None):
 
 
 def _run(fn, inp, dtype, **kw):
-    leaves = [None if inp[k] is None else inp[k].to(dtype).clone().requires_grad_() for k in ("hidden", "weight", "bias")]
+    leaves = [
+        None if inp[k] is None else inp[k].to(dtype).clone().requires_grad_() for k in ("hidden", "weight", "bias")
+    ]
     cast = {k: None if inp[k] is None else inp[k].float() for k in ("ref", "old")}
     if dtype == torch.float64:
         cast = {k: inp[k] for k in ("ref", "old")}
-    loss, m = fn(leaves[0], leaves[1], inp["ids"], inp["mask"], inp["adv"], bias=leaves[2], ref_logps=cast["ref"],
-                 old_logps=cast["old"], **kw)  # fmt: skip
+    loss, m = fn(
+        leaves[0],
+        leaves[1],
+        inp["ids"],
+        inp["mask"],
+        inp["adv"],
+        bias=leaves[2],
+        ref_logps=cast["ref"],
+        old_logps=cast["old"],
+        **kw,
+    )
     loss.backward()
     return loss.detach().double(), [None if t is None else t.grad.double() for t in leaves], m
 
@@ -61,23 +73,44 @@ def _compare(inp, dtype, rtol, cos_min, ref_logits_dtype=None, ref_inp=None, **k
             assert cos >= cos_min, f"grad {name} cosine {cos:.6f}"
 
 
-@pytest.mark.parametrize("loss_type,level", [("dapo", "token"), ("grpo", "sequence"), ("bnpo", "token"), ("dr_grpo", "sequence")])
+@pytest.mark.parametrize(
+    "loss_type,level", [("dapo", "token"), ("grpo", "sequence"), ("bnpo", "token"), ("dr_grpo", "sequence")]
+)
 def test_bf16_off_policy_matches_fp64_reference(loss_type, level):
     # Off-policy the loss moves with every token's ratio exp(logp - old), and rounding the logits to bf16
     # alone (which every bf16 head does: naive, TRL's, ours) shifts it by up to ~1e-2 relative on these
     # inputs (seen on H200: 2.1e-3 and 3.1e-3). So the fp64 reference here stores its logits in bf16 too,
     # and the tolerances measure what the kernel adds; the on-policy tests below use the plain fp64 one.
     inp = _inputs(4, 64, 256, 32003, torch.bfloat16, bias=True)
-    _compare(inp, torch.bfloat16, BF16_LOSS_RTOL, BF16_GRAD_COS, ref_logits_dtype=torch.bfloat16, chunk_tokens=96,
-             loss_type=loss_type, importance_sampling_level=level, beta=0.04, temperature=0.8,
-             max_completion_length=80)  # fmt: skip
+    _compare(
+        inp,
+        torch.bfloat16,
+        BF16_LOSS_RTOL,
+        BF16_GRAD_COS,
+        ref_logits_dtype=torch.bfloat16,
+        chunk_tokens=96,
+        loss_type=loss_type,
+        importance_sampling_level=level,
+        beta=0.04,
+        temperature=0.8,
+        max_completion_length=80,
+    )
 
 
 @pytest.mark.parametrize("loss_type,level", [("grpo", "token"), ("dapo", "sequence")])
 def test_bf16_on_policy_matches_fp64_reference(loss_type, level):
     inp = _inputs(4, 64, 256, 32003, torch.bfloat16, bias=True, off_policy=False)
-    _compare(inp, torch.bfloat16, BF16_LOSS_RTOL, BF16_GRAD_COS, chunk_tokens=96, loss_type=loss_type,
-             importance_sampling_level=level, beta=0.04, temperature=0.8)  # fmt: skip
+    _compare(
+        inp,
+        torch.bfloat16,
+        BF16_LOSS_RTOL,
+        BF16_GRAD_COS,
+        chunk_tokens=96,
+        loss_type=loss_type,
+        importance_sampling_level=level,
+        beta=0.04,
+        temperature=0.8,
+    )
 
 
 @pytest.mark.parametrize("lean", [False, True])
@@ -142,8 +175,15 @@ def test_bf16_padded_rows_skipped_match_fp64_reference(level):
     _, grads, m = _run(fused_linear_grpo_loss, inp, torch.bfloat16, **kw)
     pad = mask == 0
     assert (grads[0][pad] == 0).all() and (m.logps[pad] == 0).all() and (m.entropies[pad] == 0).all()
-    lp = selective_logprobs(inp["hidden"].bfloat16(), inp["weight"].bfloat16(), inp["ids"], mask=mask,
-                            bias=inp["bias"].bfloat16(), temperature=0.8, chunk_tokens=64)  # fmt: skip
+    lp = selective_logprobs(
+        inp["hidden"].bfloat16(),
+        inp["weight"].bfloat16(),
+        inp["ids"],
+        mask=mask,
+        bias=inp["bias"].bfloat16(),
+        temperature=0.8,
+        chunk_tokens=64,
+    )
     # Other chunk boundaries (sequence level) can pick other GEMM kernels: bf16-logit tolerances
     torch.testing.assert_close(lp[~pad], m.logps[~pad], rtol=0.02, atol=0.05)
     assert (lp[pad] == 0).all()

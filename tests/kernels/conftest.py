@@ -21,7 +21,7 @@ if not torch.cuda.is_available():
     if name in sys.modules and not sys.modules[name].INTERPRET:
         importlib.reload(sys.modules[name])
 
-from grpo_kernels import triton_ops  # noqa: E402
+from grpo_kernels import triton_ops
 
 
 @pytest.fixture(params=["torch", "triton"])

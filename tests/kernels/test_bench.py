@@ -6,6 +6,7 @@ import json
 
 import pytest
 import torch
+
 from grpo_kernels import bench, bench_padded
 
 
@@ -15,9 +16,11 @@ def _cpu_inputs(batch: int, seq: int, hidden: int, vocab: int, seed: int = 0) ->
     return dict(
         hidden=torch.randn(batch, seq, hidden, generator=g).requires_grad_(),
         weight=(torch.randn(vocab, hidden, generator=g) * 0.3).requires_grad_(),
-        ids=torch.randint(0, vocab, (batch, seq), generator=g), mask=torch.ones(batch, seq, dtype=torch.long),
-        adv=torch.randn(batch, generator=g), ref=-torch.rand(batch, seq, generator=g) * 3 - 2,
-    )  # fmt: skip
+        ids=torch.randint(0, vocab, (batch, seq), generator=g),
+        mask=torch.ones(batch, seq, dtype=torch.long),
+        adv=torch.randn(batch, generator=g),
+        ref=-torch.rand(batch, seq, generator=g) * 3 - 2,
+    )
 
 
 def _loss_and_grads(providers, inp: dict, *, chunk_tokens: int) -> dict:
@@ -89,8 +92,24 @@ def _cpu_run(monkeypatch, argv: list[str]) -> tuple[int, list[int]]:
 def test_main_end_to_end_on_cpu(monkeypatch, tmp_path, capsys):
     # The whole CLI flow (records, checks against naive, JSON, table last) on tiny CPU inputs
     out = tmp_path / "k.json"
-    argv = ["--batch", "1,2", "--seq", "4", "--hidden", "8", "--vocab", "30", "--chunk-tokens", "3",
-            "--providers", "floor,naive,chunked,trl", "--reps", "3", "--out", str(out)]  # fmt: skip
+    argv = [
+        "--batch",
+        "1,2",
+        "--seq",
+        "4",
+        "--hidden",
+        "8",
+        "--vocab",
+        "30",
+        "--chunk-tokens",
+        "3",
+        "--providers",
+        "floor,naive,chunked,trl",
+        "--reps",
+        "3",
+        "--out",
+        str(out),
+    ]
     rc, calls = _cpu_run(monkeypatch, argv)
     assert rc == 0 and calls == [3] * 8
     res = json.loads(out.read_text())
@@ -123,8 +142,9 @@ def test_lengths_from_a_list_or_a_metrics_stream(tmp_path):
     lst.write_text("[100, 200, 300]")
     assert bench_padded.lengths_from_file(str(lst)) == (200.0, [100, 200, 300])
     stream = tmp_path / "metrics.jsonl"
-    stream.write_text('{"event": "start"}\n{"step": 1, "completions/mean_length": 150.0}\n\n'
-                      '{"step": 2, "completion_length": 250}\n')  # fmt: skip
+    stream.write_text(
+        '{"event": "start"}\n{"step": 1, "completions/mean_length": 150.0}\n\n{"step": 2, "completion_length": 250}\n'
+    )
     assert bench_padded.lengths_from_file(str(stream)) == (200.0, None)
     lst.write_text('{"a": 1}')
     with pytest.raises(ValueError, match="JSON list of positive ints"):
@@ -163,15 +183,36 @@ def test_padded_mode_end_to_end_on_cpu(monkeypatch, tmp_path, capsys):
     lengths_file = tmp_path / "lengths.json"
     lengths_file.write_text("[3, 5, 8, 1]")
     out = tmp_path / "p.json"
-    argv = ["--padding", "0,50", "--valid-tokens", "16,24", "--lengths", str(lengths_file), "--scoring",
-            "--seq", "8", "--hidden", "8", "--vocab", "30", "--chunk-tokens", "5", "--reps", "2", "--out", str(out)]  # fmt: skip
+    argv = [
+        "--padding",
+        "0,50",
+        "--valid-tokens",
+        "16,24",
+        "--lengths",
+        str(lengths_file),
+        "--scoring",
+        "--seq",
+        "8",
+        "--hidden",
+        "8",
+        "--vocab",
+        "30",
+        "--chunk-tokens",
+        "5",
+        "--reps",
+        "2",
+        "--out",
+        str(out),
+    ]
     rc, calls = _cpu_run(monkeypatch, argv)
     assert rc == 0
     res = json.loads(out.read_text())
     recs = res["records"]
     # 2 sizes x (0%, 50%, real) x (5 loss + 4 scoring providers)
     assert len(recs) == len(calls) == 2 * 3 * 9
-    assert {(r["valid_tokens"], r["padding"]) for r in recs} == {(n, p) for n in (16, 24) for p in ("0%", "50%", "real")}
+    assert {(r["valid_tokens"], r["padding"]) for r in recs} == {
+        (n, p) for n in (16, 24) for p in ("0%", "50%", "real")
+    }
     by = {(r["mode"], r["valid_tokens"], r["padding"], r["provider"]): r for r in recs}
     assert by[("loss", 16, "0%", "floor")]["batch"] == 2 and by[("loss", 16, "0%", "floor")]["padding_frac"] == 0
     assert by[("loss", 24, "50%", "trl")]["padding_frac"] == pytest.approx(0.5, abs=0.1)

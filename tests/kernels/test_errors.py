@@ -10,9 +10,12 @@ from grpo_kernels import fused_linear_grpo_loss, selective_logprobs
 
 def _args(B=2, T=3, H=8, V=11):
     return dict(
-        hidden=torch.randn(B, T, H), weight=torch.randn(V, H), completion_ids=torch.randint(0, V, (B, T)),
-        completion_mask=torch.ones(B, T), advantages=torch.randn(B),
-    )  # fmt: skip
+        hidden=torch.randn(B, T, H),
+        weight=torch.randn(V, H),
+        completion_ids=torch.randint(0, V, (B, T)),
+        completion_mask=torch.ones(B, T),
+        advantages=torch.randn(B),
+    )
 
 
 CASES = [
@@ -24,7 +27,11 @@ CASES = [
     ("mask", lambda a: a.update(completion_mask=torch.ones(2, 4)), "completion_mask must have shape"),
     ("advantages", lambda a: a.update(advantages=torch.randn(2, 3)), "advantages must have shape"),
     ("bias", lambda a: a.update(bias=torch.randn(10)), "bias must have shape"),
-    ("hidden 2d", lambda a: a.update(hidden=torch.randn(6, 8), completion_ids=torch.zeros(6, dtype=torch.long)), "(B, T, H)"),
+    (
+        "hidden 2d",
+        lambda a: a.update(hidden=torch.randn(6, 8), completion_ids=torch.zeros(6, dtype=torch.long)),
+        "(B, T, H)",
+    ),
     ("beta", lambda a: a.update(beta=0.1), "ref_logps is required"),
     ("loss_type", lambda a: a.update(loss_type="ppo"), "loss_type must be one of"),
     ("dr_grpo", lambda a: a.update(loss_type="dr_grpo"), "max_completion_length"),
@@ -48,4 +55,6 @@ def test_selective_logprobs_rejects_bad_shapes():
     with pytest.raises(ValueError, match="ids must have shape"):
         selective_logprobs(torch.randn(2, 3, 8), torch.randn(11, 8), torch.zeros(2, 2, dtype=torch.long))
     with pytest.raises(ValueError, match="temperature"):
-        selective_logprobs(torch.randn(2, 3, 8), torch.randn(11, 8), torch.zeros(2, 3, dtype=torch.long), temperature=-1.0)
+        selective_logprobs(
+            torch.randn(2, 3, 8), torch.randn(11, 8), torch.zeros(2, 3, dtype=torch.long), temperature=-1.0
+        )

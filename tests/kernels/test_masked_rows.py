@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_numerics import FP16_GRAD_COS, FP16_LOSS_RTOL, FP32_GRAD_COS, FP32_LOSS_RTOL, compare, fp16_rounded
+
 from grpo_kernels import fused_linear_grpo_loss, selective_logprobs
 from grpo_kernels.reference import reference_grpo_loss, reference_logprobs
 from grpo_kernels.rows import plan_chunks
-from test_numerics import FP16_GRAD_COS, FP16_LOSS_RTOL, FP32_GRAD_COS, FP32_LOSS_RTOL, compare, fp16_rounded
 
 LOSS_KW = {"beta": 0.04, "temperature": 0.8, "max_completion_length": 9, "num_items_in_batch": None}
 
@@ -40,8 +41,16 @@ def test_masks_match_reference_fp32(backend, make_inputs, mask_name, loss_type, 
     inp["mask"] = _masks(5, 6)[mask_name]
     # chunk_tokens 4: chunks hold parts of sequences (token level) or several short sequences (sequence level;
     # a sequence of 6 valid rows then gets a chunk of its own)
-    compare(inp, torch.float32, FP32_LOSS_RTOL, FP32_GRAD_COS, chunk_tokens=4, loss_type=loss_type,
-            importance_sampling_level=level, **LOSS_KW)  # fmt: skip
+    compare(
+        inp,
+        torch.float32,
+        FP32_LOSS_RTOL,
+        FP32_GRAD_COS,
+        chunk_tokens=4,
+        loss_type=loss_type,
+        importance_sampling_level=level,
+        **LOSS_KW,
+    )
 
 
 @pytest.mark.parametrize("level", ["token", "sequence"])
@@ -50,8 +59,16 @@ def test_masks_match_reference_exactly_in_fp64(make_inputs, level):
     inp = make_inputs(B=5, T=7, V=53, off_policy=True, temperature=0.8)
     inp["mask"] = _masks(5, 7)["empty_rows"] * _masks(5, 7)["holes"]
     inp["mask"][0, 0] = 1
-    ref_m, m = compare(inp, torch.float64, 1e-10, 1 - 1e-10, chunk_tokens=5, loss_type="grpo",
-                       importance_sampling_level=level, **LOSS_KW)  # fmt: skip
+    ref_m, m = compare(
+        inp,
+        torch.float64,
+        1e-10,
+        1 - 1e-10,
+        chunk_tokens=5,
+        loss_type="grpo",
+        importance_sampling_level=level,
+        **LOSS_KW,
+    )
     fields = ("kl", "entropy", "clip_ratio_low", "clip_ratio_high", "clip_ratio_region", "token_count", "clip_count")
     for field in fields:
         torch.testing.assert_close(getattr(m, field), getattr(ref_m, field), rtol=1e-9, atol=1e-12)
@@ -85,8 +102,17 @@ def test_padding_is_never_read(backend, make_inputs, level):
 
 def _loss_grads(inp, **kw):
     h, w, b = (inp[k].float().clone().requires_grad_() for k in ("hidden", "weight", "bias"))
-    loss, m = fused_linear_grpo_loss(h, w, inp["ids"], inp["mask"], inp["adv"].float(), bias=b,
-                                     old_logps=inp["old"].float(), ref_logps=inp["ref"].float(), **kw)  # fmt: skip
+    loss, m = fused_linear_grpo_loss(
+        h,
+        w,
+        inp["ids"],
+        inp["mask"],
+        inp["adv"].float(),
+        bias=b,
+        old_logps=inp["old"].float(),
+        ref_logps=inp["ref"].float(),
+        **kw,
+    )
     loss.backward()
     return loss.detach(), h.grad, w.grad, b.grad, m.logps, m.entropies, m.kl, m.clip_ratio_region
 
@@ -96,10 +122,30 @@ def test_whole_batch_padding_gives_zero_loss_and_zero_grads(backend, make_inputs
     inp = make_inputs(B=3, T=4, V=40, off_policy=True)
     h, w, b = (inp[k].float().clone().requires_grad_() for k in ("hidden", "weight", "bias"))
     mask = torch.zeros(3, 4, dtype=torch.int64)
-    loss, m = fused_linear_grpo_loss(h, w, inp["ids"], mask, inp["adv"].float(), bias=b, old_logps=inp["old"].float(),
-                                     ref_logps=inp["ref"].float(), beta=0.1, importance_sampling_level=level)  # fmt: skip
-    ref, _ = reference_grpo_loss(inp["hidden"], inp["weight"], inp["ids"], mask, inp["adv"], bias=inp["bias"],
-                                 old_logps=inp["old"], ref_logps=inp["ref"], beta=0.1, importance_sampling_level=level)  # fmt: skip
+    loss, m = fused_linear_grpo_loss(
+        h,
+        w,
+        inp["ids"],
+        mask,
+        inp["adv"].float(),
+        bias=b,
+        old_logps=inp["old"].float(),
+        ref_logps=inp["ref"].float(),
+        beta=0.1,
+        importance_sampling_level=level,
+    )
+    ref, _ = reference_grpo_loss(
+        inp["hidden"],
+        inp["weight"],
+        inp["ids"],
+        mask,
+        inp["adv"],
+        bias=inp["bias"],
+        old_logps=inp["old"],
+        ref_logps=inp["ref"],
+        beta=0.1,
+        importance_sampling_level=level,
+    )
     loss.backward()  # a differentiable zero, as TRL's head gives an all-masked microbatch
     assert loss.item() == 0.0 and ref.item() == 0.0
     for t in (h.grad, w.grad, b.grad, m.logps, m.entropies):

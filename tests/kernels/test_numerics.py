@@ -22,7 +22,9 @@ def fp16_rounded(inp: dict) -> dict:
 
 def run(fn, inp, dtype, **kw):
     """Loss, (grad hidden, grad weight, grad bias) in fp64, metrics."""
-    leaves = [None if inp[k] is None else inp[k].to(dtype).clone().requires_grad_() for k in ("hidden", "weight", "bias")]
+    leaves = [
+        None if inp[k] is None else inp[k].to(dtype).clone().requires_grad_() for k in ("hidden", "weight", "bias")
+    ]
     h, w, b = leaves
     cast = {k: None if inp[k] is None else inp[k].to(dtype) for k in ("ref", "old")}
     loss, metrics = fn(
@@ -58,10 +60,18 @@ def compare(inp, dtype, loss_rtol, grad_cos, chunk_tokens, **kw):
 def test_loss_types_off_policy_fp32(backend, loss_type, level, make_inputs):
     inp = make_inputs(V=300, off_policy=True, temperature=0.7)
     ref_m, m = compare(
-        inp, torch.float32, FP32_LOSS_RTOL, FP32_GRAD_COS, chunk_tokens=4, loss_type=loss_type,
-        importance_sampling_level=level, beta=0.04, temperature=0.7, max_completion_length=7,
+        inp,
+        torch.float32,
+        FP32_LOSS_RTOL,
+        FP32_GRAD_COS,
+        chunk_tokens=4,
+        loss_type=loss_type,
+        importance_sampling_level=level,
+        beta=0.04,
+        temperature=0.7,
+        max_completion_length=7,
         num_items_in_batch=11.0 if loss_type == "dapo" else None,
-    )  # fmt: skip
+    )
     for field in ("kl", "entropy", "clip_ratio_low", "clip_ratio_high", "clip_ratio_region"):
         torch.testing.assert_close(getattr(m, field).double(), getattr(ref_m, field), rtol=1e-4, atol=1e-6)
 
@@ -88,7 +98,14 @@ def test_metrics_match_reference_in_fp64(make_inputs):
     # Same precision on both sides, so clip decisions agree exactly and the means to rounding
     inp = make_inputs(B=5, T=7, V=53, off_policy=True)
     ref_m, m = compare(
-        inp, torch.float64, 1e-10, 1 - 1e-10, chunk_tokens=5, beta=0.2, loss_type="grpo", importance_sampling_level="token"
+        inp,
+        torch.float64,
+        1e-10,
+        1 - 1e-10,
+        chunk_tokens=5,
+        beta=0.2,
+        loss_type="grpo",
+        importance_sampling_level="token",
     )
     assert ref_m.clip_ratio_region > 0, "the off-policy inputs should clip some tokens"
     valid = inp["mask"] != 0
@@ -115,8 +132,18 @@ def test_backward_scales_by_grad_output_and_lean_matches(make_inputs):
     inp = make_inputs(V=41, off_policy=True)
     _, grads1, _ = run(fused_linear_grpo_loss, inp, torch.float32, beta=0.04)
     h, w = (inp[k].float().clone().requires_grad_() for k in ("hidden", "weight"))
-    loss, _ = fused_linear_grpo_loss(h, w, inp["ids"], inp["mask"], inp["adv"].float(), bias=inp["bias"].float(),
-                                     ref_logps=inp["ref"].float(), old_logps=inp["old"].float(), beta=0.04, lean=True)
+    loss, _ = fused_linear_grpo_loss(
+        h,
+        w,
+        inp["ids"],
+        inp["mask"],
+        inp["adv"].float(),
+        bias=inp["bias"].float(),
+        ref_logps=inp["ref"].float(),
+        old_logps=inp["old"].float(),
+        beta=0.04,
+        lean=True,
+    )
     (loss * -2.5).backward()
     torch.testing.assert_close(h.grad.double(), -2.5 * grads1[0])
     torch.testing.assert_close(w.grad.double(), -2.5 * grads1[1])
@@ -147,7 +174,9 @@ def test_closed_form_token_grad_equals_autograd(on_policy, beta):
     mask = (torch.rand(1, n) > 0.2).double()
     w = mask / 37.0
     x = lp.clone().requires_grad_()
-    loss, _ = per_token_loss(x, old, ref, adv, mask, beta=beta, epsilon_low=0.2, epsilon_high=0.28, importance_sampling_level="token")
+    loss, _ = per_token_loss(
+        x, old, ref, adv, mask, beta=beta, epsilon_low=0.2, epsilon_high=0.28, importance_sampling_level="token"
+    )
     want = torch.autograd.grad((loss * w).sum(), x)[0]
     got = token_level_grad(lp, old, ref, adv, w, beta=beta, epsilon_low=0.2, epsilon_high=0.28)
     torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-15)
@@ -163,7 +192,9 @@ def test_autocast_casts_like_the_model_head(make_inputs):
         lp = selective_logprobs(h, w, inp["ids"])
     loss.backward()
     assert w.grad.dtype == torch.float32 and h.grad.dtype == torch.bfloat16
-    ref, _ = reference_grpo_loss(h.detach().double(), w.detach().bfloat16().double(), inp["ids"], inp["mask"], inp["adv"])
+    ref, _ = reference_grpo_loss(
+        h.detach().double(), w.detach().bfloat16().double(), inp["ids"], inp["mask"], inp["adv"]
+    )
     assert ((loss.double() - ref).abs() / ref.abs()).item() < 2e-3
     valid = inp["mask"] != 0
     torch.testing.assert_close(lp[valid], m.logps[valid])
