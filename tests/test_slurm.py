@@ -241,3 +241,29 @@ def test_app_follows_a_submitted_run_through_its_stream(tmp_path: Path) -> None:
     writer.close()
     assert run_info(run.path).status == "failed"
     assert effective_status(run)["status"] == "failed"
+
+
+def test_a_newline_in_the_runs_folder_cannot_add_a_line_to_the_job_script(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """Issue 11 item 11: `logging.runs_dir="/tmp/x/r\\ntouch INJECTED\\n#"` once wrote a shell line into job.sbatch."""
+    injected = tmp_path / "INJECTED"
+    runs = f"{tmp_path}/r\ntouch {injected}\n#"
+    code = main(["slurm", "tiny-cpu", "--set", f'logging.runs_dir="{runs}"'.replace("\n", "\\n")])
+    err = capsys.readouterr().err
+    assert code != 0
+    assert "logging.runs_dir" in err and "one printable line" in err
+    assert len(err.strip().splitlines()) == 1
+    assert not any(tmp_path.iterdir()), "no run folder may be created for a refused path"
+
+
+def test_every_value_in_the_job_script_is_quoted(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    runs = tmp_path / "runs with spaces; $(touch x)"
+    run = _prepare(capsys, tmp_path, "--runs-dir", str(runs), "--sbatch", "comment=a b;c")
+    script = (run.path / "job.sbatch").read_text()
+    lines = script.splitlines()
+    output_line = next(line for line in lines if line.startswith("#SBATCH --output="))
+    assert output_line == f"#SBATCH --output='{run.path}/slurm-%j.log'"
+    assert "#SBATCH --comment='a b;c'" in lines
+    # the folder's name never appears unquoted
+    assert all(str(runs) not in line or f"'{runs}" in line or "NODE_COMMAND" in line for line in lines)

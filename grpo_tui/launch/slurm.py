@@ -23,6 +23,19 @@ from grpo_tui.launch.command import build_launch_command, launch_env
 _OPTION = re.compile(r"[A-Za-z][A-Za-z0-9-]*")
 
 
+def script_safety_errors(**values: object) -> list[str]:
+    """One line per value that cannot go into a shell script safely: a newline or any control character.
+
+    Quoting (`shlex.quote`) keeps spaces and quotes inert, but a newline in a `#` comment or an
+    `#SBATCH` line would start a new line of the script, so such values are refused outright.
+    """
+    return [
+        f"{name}: got {str(value)[:80]!r}; a path or name in the job script must be one printable line"
+        for name, value in values.items()
+        if not str(value).isprintable()
+    ]
+
+
 def slurm_script(preset: Preset, run_dir: Path, workdir: Path, sbatch: dict[str, str] | None = None) -> str:
     """An sbatch script that starts the run on `distributed.num_machines` nodes of a SLURM allocation.
 
@@ -33,6 +46,11 @@ def slurm_script(preset: Preset, run_dir: Path, workdir: Path, sbatch: dict[str,
     """
     d = preset.distributed
     run_dir = Path(run_dir)
+    unsafe = script_safety_errors(
+        run_folder=run_dir, workdir=workdir, name=preset.name, **{f"--sbatch {k}": v for k, v in (sbatch or {}).items()}
+    )
+    if unsafe:
+        raise ValueError("; ".join(unsafe))
     options = {
         "job-name": f"grpo-tui-{preset.name}",
         "nodes": str(d.num_machines),
@@ -48,8 +66,9 @@ def slurm_script(preset: Preset, run_dir: Path, workdir: Path, sbatch: dict[str,
         "exec " + shlex.join(argv[:split]) + ' --machine_rank "$SLURM_NODEID" --main_process_ip "$MASTER_ADDR"'
         f" --main_process_port {d.main_process_port} " + shlex.join(argv[split:])
     )
-    lines = ["#!/bin/bash", f"# grpo-tui: preset {preset.name}, run folder {run_dir}"]
-    lines += [f"#SBATCH --{key}={value}" for key, value in options.items()]
+    lines = ["#!/bin/bash", f"# grpo-tui: preset {shlex.quote(preset.name)}, run folder {shlex.quote(str(run_dir))}"]
+    # sbatch reads quoted values on #SBATCH lines as the shell would
+    lines += [f"#SBATCH --{key}={shlex.quote(value)}" for key, value in options.items()]
     lines += ["set -euo pipefail", f"cd {shlex.quote(str(workdir))}"]
     lines += [f"export {key}={shlex.quote(value)}" for key, value in launch_env(preset).items()]
     lines += [
@@ -127,6 +146,8 @@ def main(argv: list[str] | None = None) -> int:
     errors = [e for e in result.errors if not e.startswith("distributed.main_process_ip:")]
     for note in result.notes:
         print(f"note: {note}", file=sys.stderr)
+    runs_dir = args.runs_dir if args.runs_dir is not None else preset.logging.runs_dir
+    errors += script_safety_errors(**{"logging.runs_dir": runs_dir, "working folder": os.getcwd()})
     if errors:
         raise PresetError(errors)
     if args.submit and shutil.which("sbatch") is None:
