@@ -3,7 +3,7 @@
 #
 # Run from the repository root on a CUDA machine that has torch, triton, transformers, accelerate and
 # peft (the device image), with the missing packages as wheels in .whl/ and GSM8K in .devdata/:
-#   bash benchmarks/gpu_e2e.sh PHASE...     PHASE: tests kernel memory memory2 concurrent rollout
+#   bash benchmarks/gpu_e2e.sh PHASE...     PHASE: tests kernel memory memory2 concurrent rollout dashboard
 # Results land in $OUT (default ./gpu-out): one folder per phase plus a log; a table is printed last.
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu-out}
@@ -83,7 +83,15 @@ for phase in "$@"; do
         --set grpo.generation_sub_batch=32 --batch 64,128 --impl chunked --steps 2 \
         --runs-dir /tmp/runs-mem-sub --out "$OUT/memory-subbatch" 2>&1 | tail -6
       ;;
-    *) echo "unknown phase $phase; allowed: tests kernel memory memory2 concurrent rollout" >&2; exit 2 ;;
+    dashboard)
+      # Issue 15 item 10: the dashboard on a real GPU run (screenshots before/after a live switch, NVML
+      # cost per GPU, the app's CPU while watching). Small steps so the switch shows within a minute.
+      build_model || exit 1
+      timeout 300 python3 benchmarks/gpu_dashboard.py --out "$OUT/dashboard" "${E2E_SETS[@]}" \
+        --set grpo.per_device_batch_size=16 --set grpo.max_completion_length=128 --set grpo.max_steps=200 \
+        --set 'rewards.functions=[{name="gsm8k_format",weight=1.0},{name="length_penalty",weight=1.0}]' 2>&1 | tail -4
+      ;;
+    *) echo "unknown phase $phase; allowed: tests kernel memory memory2 concurrent rollout dashboard" >&2; exit 2 ;;
   esac
 done
 echo "=== done $(date -u +%T)"
