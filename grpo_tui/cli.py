@@ -11,16 +11,30 @@ import importlib
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
-# Subcommands implemented elsewhere: (argv words) -> (module, function). Each gets the rest of argv.
-PASSTHROUGH: dict[tuple[str, ...], tuple[str, str]] = {
-    ("bench", "kernel"): ("grpo_kernels.bench", "main"),
-    ("bench", "memory"): ("grpo_tui.tools.bench_memory", "main"),
-    ("max-batch",): ("grpo_tui.tools.bench_memory", "max_batch_main"),
-    ("check",): ("grpo_tui.tools.parity_check", "main"),
-    ("screenshots",): ("grpo_tui.tools.screenshots", "main"),
-    ("slurm",): ("grpo_tui.launch.slurm", "main"),
+
+class Passthrough(NamedTuple):
+    """A subcommand implemented elsewhere: its module and function (given the rest of argv), and its help line."""
+
+    module: str
+    function: str
+    summary: str
+
+
+PASSTHROUGH: dict[tuple[str, ...], Passthrough] = {
+    ("bench", "kernel"): Passthrough("grpo_kernels.bench", "main", "time the fused kernel against its peers (CUDA)"),
+    ("bench", "memory"): Passthrough(
+        "grpo_tui.tools.bench_memory", "main", "whole-step peak memory and time per loss implementation"
+    ),
+    ("max-batch",): Passthrough(
+        "grpo_tui.tools.bench_memory", "max_batch_main", "the largest per-device batch that fits a memory cap"
+    ),
+    ("check",): Passthrough("grpo_tui.tools.parity_check", "main", "parity probe: chunked vs a baseline on one batch"),
+    ("screenshots",): Passthrough(
+        "grpo_tui.tools.screenshots", "main", "SVG/PNG screenshots of the app from real runs"
+    ),
+    ("slurm",): Passthrough("grpo_tui.launch.slurm", "main", "a run folder plus an sbatch script for a SLURM job"),
 }
 EXIT_USAGE = 2  # bad input (argparse uses 2 as well)
 
@@ -102,9 +116,9 @@ def build_parser() -> argparse.ArgumentParser:
     sup.add_argument("run_dir", type=Path)
     sup.set_defaults(handler=_cmd_supervise)
 
-    for words, (module, _) in PASSTHROUGH.items():
+    for words, target in PASSTHROUGH.items():
         if len(words) == 1:
-            sub.add_parser(words[0], help=f"(see `grpo-tui {words[0]} --help`; from {module})", add_help=False)
+            sub.add_parser(words[0], help=f"{target.summary} (options: grpo-tui {words[0]} --help)", add_help=False)
     sub.add_parser("bench", help="`bench kernel ...` or `bench memory ...`", add_help=False)
     return parser
 
@@ -125,9 +139,9 @@ def _passthrough(argv: list[str]) -> int | None:
     if argv and argv[0] == "bench" and (len(argv) < 2 or ("bench", argv[1]) not in PASSTHROUGH):
         print("grpo-tui bench: expected `bench kernel ...` or `bench memory ...`", file=sys.stderr)
         return EXIT_USAGE
-    for words, (module_name, function) in PASSTHROUGH.items():
+    for words, entry in PASSTHROUGH.items():
         if tuple(argv[: len(words)]) == words:
-            target = _import_target(module_name, function, " ".join(words))
+            target = _import_target(entry.module, entry.function, " ".join(words))
             if target is None:
                 return 1
             return int(target(argv[len(words) :]) or 0)

@@ -117,7 +117,7 @@ def test_control_rejects_unknown_impl(capsys: pytest.CaptureFixture[str]) -> Non
 def test_passthrough_calls_the_module_with_the_rest(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     (tmp_path / "fake_bench_mod.py").write_text("seen = []\ndef main(argv):\n    seen.append(argv)\n    return 3\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setitem(cli.PASSTHROUGH, ("bench", "memory"), ("fake_bench_mod", "main"))
+    monkeypatch.setitem(cli.PASSTHROUGH, ("bench", "memory"), cli.Passthrough("fake_bench_mod", "main", "a stand-in"))
     assert cli.main(["bench", "memory", "tiny-cpu", "--batch", "8,16"]) == 3
     import fake_bench_mod
 
@@ -125,7 +125,9 @@ def test_passthrough_calls_the_module_with_the_rest(monkeypatch: pytest.MonkeyPa
 
 
 def test_passthrough_to_a_missing_module_is_one_line(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
-    monkeypatch.setitem(cli.PASSTHROUGH, ("screenshots",), ("grpo_tui.no_such_module", "main"))
+    monkeypatch.setitem(
+        cli.PASSTHROUGH, ("screenshots",), cli.Passthrough("grpo_tui.no_such_module", "main", "a stand-in")
+    )
     assert cli.main(["screenshots", "--out", "x"]) == 1
     assert (
         capsys.readouterr().err.strip()
@@ -166,3 +168,14 @@ def test_console_script_bad_input_is_one_line_no_traceback(argv: list[str]) -> N
     assert done.returncode == 2
     assert "Traceback" not in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+def test_help_gives_every_subcommand_a_real_summary(capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 15 item 7: passthrough subcommands showed placeholders ("(see grpo-tui check --help; from ...)")."""
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    out = capsys.readouterr().out
+    for words, entry in cli.PASSTHROUGH.items():
+        if len(words) == 1:
+            assert entry.summary.split()[0] in out
+    assert "from grpo_tui" not in out and "(see " not in out
