@@ -63,6 +63,8 @@ class PresetEditorScreen(Screen[str | None]):
         self.data = preset.model_dump(mode="json")
         self.valid: Preset | None = preset
         self.hints: dict[str, str] = {}  # widget id -> the field's description, shown when valid
+        # Read once: validation runs on every keystroke, on the UI thread, and must not scan folders.
+        self.builtin_names = {e.name for e in store.list_presets() if e.origin == "built-in"}
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -137,9 +139,7 @@ class PresetEditorScreen(Screen[str | None]):
                         break
         name = data["name"]
         # The schema already checks the name's characters; a clash with a built-in is ours to refuse.
-        if PRESET_NAME_RE.match(name or "") and any(
-            e.name == name and e.origin == "built-in" for e in store.list_presets()
-        ):
+        if PRESET_NAME_RE.match(name or "") and name in self.builtin_names:
             errors.append(f"name: {name!r} is a built-in preset; pick a new name")
             self.query_one("#err-f-name", Label).update(Text("a built-in has this name", "red"))
         status = self.query_one("#editor-status", Static)
