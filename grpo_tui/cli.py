@@ -107,7 +107,9 @@ def build_parser() -> argparse.ArgumentParser:
     control = sub.add_parser("control", help="switch the loss implementation or stop a running run")
     control.add_argument("run_dir", type=Path, help="the run folder")
     action = control.add_mutually_exclusive_group(required=True)
-    action.add_argument("--loss-impl", choices=("chunked", "naive", "trl"), help="switch at the next step")
+    from grpo_tui.config.schema import LOSS_IMPLS  # here, not at the top: `grpo-tui` must start fast
+
+    action.add_argument("--loss-impl", choices=LOSS_IMPLS, help="switch at the next step")
     action.add_argument("--stop", action="store_true", help="stop at the next step boundary")
     control.add_argument("--force", action="store_true", help="with --stop: kill the process group now")
     control.set_defaults(handler=_cmd_control)

@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from grpo_tui.config.schema import Preset, PresetError, validate_data
+from grpo_tui.config.schema import Preset, PresetError, field_model, validate_data
 
 SOURCE = "--set"
 
@@ -64,7 +64,7 @@ def _assign(data: dict[str, Any], path: list[str], value: Any) -> None:
             if last:
                 node[index] = value
                 return
-            node = node[index]  # model stays: _field_model already unwrapped list[Model]
+            node = node[index]  # model stays: field_model already unwrapped list[Model]
             continue
         if not isinstance(node, dict) or part not in _keys(node, model):
             allowed = ", ".join(sorted(_keys(node, model))) if isinstance(node, dict) else "(none: not a section)"
@@ -75,25 +75,8 @@ def _assign(data: dict[str, Any], path: list[str], value: Any) -> None:
             return
         if node[part] is None or not isinstance(node[part], (dict, list)):
             raise PresetError([f"{SOURCE}: {dotted}: is a value, not a section; use {dotted}=VALUE"])
-        node, model = node[part], _field_model(model, part)
+        node, model = node[part], field_model(model, part) if model is not None else None
 
 
 def _keys(node: dict[str, Any], model: type[BaseModel] | None) -> set[str]:
     return set(model.model_fields) if model is not None else set(node)
-
-
-def _field_model(model: type[BaseModel] | None, name: str) -> type[BaseModel] | None:
-    if model is None:
-        return None
-    annotation = model.model_fields[name].annotation
-    return _first_model(annotation)
-
-
-def _first_model(annotation: Any) -> type[BaseModel] | None:
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
-    for arg in getattr(annotation, "__args__", ()):
-        found = _first_model(arg)
-        if found is not None:
-            return found
-    return None

@@ -8,9 +8,12 @@ the dotted path of the field, the bad value, and what is allowed.
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Literal
+import typing
+from collections.abc import Iterator, Sequence
+from typing import Annotated, Any, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic.fields import FieldInfo
 
 PositiveInt = Annotated[int, Field(ge=1)]
 NonNegFloat = Annotated[float, Field(ge=0.0)]
@@ -19,7 +22,8 @@ NonNegFloat = Annotated[float, Field(ge=0.0)]
 PRESET_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 LossImpl = Literal["chunked", "naive", "trl"]
-LOSS_IMPLS: tuple[str, ...] = ("chunked", "naive", "trl")
+# Read from the type, so the CLI, the trainer and the control reader cannot drift from the schema.
+LOSS_IMPLS: tuple[str, ...] = typing.get_args(LossImpl)
 
 
 class _Section(BaseModel):
@@ -170,7 +174,7 @@ def format_errors(error: ValidationError, source: str = "") -> list[str]:
         path = ".".join(str(part) for part in item["loc"]) or "(top level)"
         kind = item["type"]
         if kind == "extra_forbidden":
-            detail = "unknown key; allowed keys: " + ", ".join(_allowed_keys(item["loc"][:-1]))
+            detail = "unknown key; allowed keys: " + ", ".join(sorted(model_at(item["loc"][:-1]).model_fields))
         elif kind == "missing":
             detail = "missing required value"
         else:
@@ -178,23 +182,6 @@ def format_errors(error: ValidationError, source: str = "") -> list[str]:
             detail = f"got {item.get('input')!r}; {message}"
         lines.append(f"{source + ': ' if source else ''}{path}: {detail}")
     return lines
-
-
-def _allowed_keys(loc: tuple) -> list[str]:
-    model: type[BaseModel] = Preset
-    for part in loc:
-        if isinstance(part, int):
-            continue
-        field = model.model_fields.get(str(part))
-        annotation = getattr(field, "annotation", None)
-        if annotation is None:
-            break
-        inner = getattr(annotation, "__args__", (annotation,))
-        nested = next((a for a in inner if isinstance(a, type) and issubclass(a, BaseModel)), None)
-        if nested is None:
-            break
-        model = nested
-    return sorted(model.model_fields)
 
 
 class PresetError(Exception):
@@ -211,3 +198,82 @@ def validate_data(data: dict[str, Any], source: str) -> Preset:
         return Preset.model_validate(data)
     except ValidationError as exc:
         raise PresetError(format_errors(exc, source)) from None
+
+
+# ---- walking the schema: the one place that looks inside annotations ------------------------------
+
+
+class SchemaField(NamedTuple):
+    """One field met by `walk_fields`: its dotted path, pydantic's FieldInfo and its annotation."""
+
+    path: str
+    info: FieldInfo
+    annotation: Any
+
+    @property
+    def section(self) -> type[BaseModel] | None:
+        """The model this field holds, when it is a section (a table of fields) rather than a value."""
+        return nested_model(self.annotation) if not _is_list(self.annotation) else None
+
+
+def nested_model(annotation: Any) -> type[BaseModel] | None:
+    """The model inside `annotation` (`Section`, `list[Spec]`, `Spec | None`), else None."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in typing.get_args(annotation):
+        found = nested_model(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def field_model(model: type[BaseModel], name: str) -> type[BaseModel] | None:
+    """The model held by `model`'s field `name` (for a list of models, the items' model), else None."""
+    field = model.model_fields.get(name)
+    return nested_model(field.annotation) if field is not None else None
+
+
+def model_at(loc: Sequence[str | int]) -> type[BaseModel]:
+    """The model whose fields sit at `loc` (a pydantic error location; list indexes are skipped).
+
+    Stops at the deepest model reached, so a location inside a plain value names its parent.
+    """
+    model: type[BaseModel] = Preset
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        nested = field_model(model, str(part))
+        if nested is None:
+            break
+        model = nested
+    return model
+
+
+def walk_fields(model: type[BaseModel] = Preset, prefix: str = "") -> Iterator[SchemaField]:
+    """Every field of `model` in declaration order, depth first: a section, then its fields.
+
+    Lists of models (`rewards.functions`) are one value, not walked into: their items have no names.
+    """
+    for name, info in model.model_fields.items():
+        field = SchemaField(prefix + name, info, info.annotation)
+        yield field
+        if field.section is not None:
+            yield from walk_fields(field.section, field.path + ".")
+
+
+def literal_choices(annotation: Any) -> tuple[Any, ...] | None:
+    """The allowed values of a `Literal[...]` annotation (also inside `X | None`), else None."""
+    for arg in (annotation, *typing.get_args(annotation)):
+        if typing.get_origin(arg) is Literal:
+            return typing.get_args(arg)
+    return None
+
+
+def _is_list(annotation: Any) -> bool:
+    return typing.get_origin(annotation) is list or any(
+        typing.get_origin(a) is list for a in typing.get_args(annotation)
+    )
+
+
+# The preset's sections (tables of fields), in declaration order.
+SECTIONS: tuple[str, ...] = tuple(f.path for f in walk_fields() if "." not in f.path and f.section is not None)

@@ -18,7 +18,17 @@ from textual.app import App
 from textual.binding import Binding
 
 from grpo_tui.config.schema import Preset
-from grpo_tui.dashboard.messages import RunStarted, RunStartFailed, StopRequested
+from grpo_tui.dashboard.messages import (
+    CompareRequested,
+    OpenRunRequested,
+    RunLivenessSeen,
+    RunRequested,
+    RunStarted,
+    RunStartFailed,
+    ShowRunsRequested,
+    StopRequested,
+)
+from grpo_tui.dashboard.runs_location import RunsLocation
 
 # Starts a preset: returns the run folder and the supervisor's pid (tests inject a fake).
 Launcher = Callable[[Preset, Path | None], tuple[Path, int | None]]
@@ -57,8 +67,8 @@ class GrpoTuiApp(App[int]):
         open_run: Path | None = None,
     ) -> None:
         super().__init__()
-        self.runs_dir_given = runs_dir is not None
-        self.runs_dir = Path(runs_dir) if runs_dir is not None else Path("runs")
+        # Screens read it through runs_location(app); a started run may move it (on_run_started).
+        self.runs = RunsLocation(Path(runs_dir) if runs_dir is not None else Path("runs"), runs_dir is not None)
         self._monitor = monitor
         self.clock = clock
         self.launcher = launcher or default_launcher
@@ -89,7 +99,7 @@ class GrpoTuiApp(App[int]):
     def _find_running(self) -> None:
         from grpo_tui.dashboard.state import scan_runs
 
-        running = [r for r in scan_runs(self.runs_dir) if r.status == "running"]
+        running = [r for r in scan_runs(self.runs.path) if r.status == "running"]
         if running:
             self.call_from_thread(self._attach, running[0].path, len(running))
 
@@ -99,6 +109,9 @@ class GrpoTuiApp(App[int]):
         self.open_run(path)
 
     # ---- runs ---------------------------------------------------------------------------------
+    def on_run_requested(self, message: RunRequested) -> None:
+        self.start_preset(message.preset)
+
     def start_preset(self, preset: Preset) -> None:
         """Prepare and spawn a run off the UI thread; RunStarted opens its dashboard."""
         self.notify(f"Starting {preset.name}…", title="Run")
@@ -109,7 +122,7 @@ class GrpoTuiApp(App[int]):
         from grpo_tui.config.schema import PresetError
 
         try:
-            path, pid = self.launcher(preset, self.runs_dir if self.runs_dir_given else None)
+            path, pid = self.launcher(preset, self.runs.path if self.runs.given else None)
         except PresetError as exc:
             self.post_message(RunStartFailed(preset.name, "; ".join(exc.lines)))
             return
@@ -120,8 +133,8 @@ class GrpoTuiApp(App[int]):
 
     def on_run_started(self, message: RunStarted) -> None:
         self.live_runs.add(message.run_path)
-        if not self.runs_dir_given:  # the preset's logging.runs_dir: list the runs where they are
-            self.runs_dir = message.run_path.parent
+        if not self.runs.given:  # the preset's logging.runs_dir: list the runs where they are
+            self.runs.path = message.run_path.parent
         self.open_run(message.run_path)
 
     def on_run_start_failed(self, message: RunStartFailed) -> None:
@@ -130,12 +143,16 @@ class GrpoTuiApp(App[int]):
     def open_run(self, path: Path) -> None:
         from grpo_tui.dashboard.screens.dashboard import DashboardScreen
 
-        self.push_screen(DashboardScreen(Path(path), self.poll_interval))
+        self.push_screen(DashboardScreen(Path(path), self.monitor, self.clock, self.poll_interval))
 
-    def action_open_run(self, table: Any) -> None:
-        run = getattr(table, "selected", None)
-        if run is not None:
-            self.open_run(run.path)
+    def on_open_run_requested(self, message: OpenRunRequested) -> None:
+        self.open_run(message.run_path)
+
+    def on_run_liveness_seen(self, message: RunLivenessSeen) -> None:
+        if message.live:
+            self.live_runs.add(message.run_path)
+        else:
+            self.live_runs.discard(message.run_path)
 
     def on_stop_requested(self, message: StopRequested) -> None:
         self._stop(message.run_path, message.force)
@@ -148,6 +165,12 @@ class GrpoTuiApp(App[int]):
         self.call_from_thread(self.notify, message, title="Kill" if force else "Stop")
 
     # ---- navigation ---------------------------------------------------------------------------
+    def on_show_runs_requested(self, _message: ShowRunsRequested) -> None:
+        self.action_show_runs()
+
+    def on_compare_requested(self, message: CompareRequested) -> None:
+        self.action_compare(message.a, message.b)
+
     def action_show_runs(self) -> None:
         from grpo_tui.dashboard.screens.runs import RunsScreen
 

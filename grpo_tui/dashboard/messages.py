@@ -10,6 +10,8 @@ from pathlib import Path
 
 from textual.message import Message
 
+from grpo_tui.config.schema import Preset
+
 
 @dataclass
 class RunStarted(Message):
@@ -41,3 +43,41 @@ class StopRequested(Message):
 
     run_path: Path
     force: bool
+
+
+# ---- requests from screens to the app (the app owns navigation and starting runs) ---------------
+
+
+@dataclass
+class RunRequested(Message):
+    """The user asked to start `preset`; the app prepares and spawns the run."""
+
+    preset: Preset
+
+
+@dataclass
+class OpenRunRequested(Message):
+    """The user picked a run folder; the app opens its dashboard."""
+
+    run_path: Path
+
+
+@dataclass
+class ShowRunsRequested(Message):
+    """The user asked for the runs list."""
+
+
+@dataclass
+class CompareRequested(Message):
+    """The user asked to compare runs `a` and `b` (None: pick them on the compare screen)."""
+
+    a: Path | None = None
+    b: Path | None = None
+
+
+@dataclass
+class RunLivenessSeen(Message):
+    """A dashboard saw its run live (or no longer live); the app asks about live runs before quitting."""
+
+    run_path: Path
+    live: bool

@@ -18,8 +18,12 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from grpo_tui.runs.metrics import MetricsTail, is_step
+
+if TYPE_CHECKING:  # demo is imported only for --recorded
+    from grpo_tui.tools.demo import LiveWriter
 
 SIZE = (150, 48)
 SHOTS = ("presets", "dashboard", "compare")
@@ -77,7 +81,7 @@ def _require(run: Path, reached: int, wanted: int) -> None:
         )
 
 
-def recorded_runs(workdir: Path) -> tuple[Path, Path, object]:
+def recorded_runs(workdir: Path) -> tuple[Path, Path, LiveWriter]:
     """The recorded fixture: A switched chunked → naive at step 150 (still live), B naive."""
     import psutil
 
@@ -176,7 +180,8 @@ def main(argv: list[str] | None = None) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="grpo-tui-shots-"))
     cwd = Path.cwd()
     os.chdir(workdir)  # the app shows run paths relative to here
-    run_a = writer = None
+    run_a = None
+    writer: LiveWriter | None = None
     started: list[Path] = []  # real runs to stop on the way out, whatever happens
     try:
         if args.recorded:
@@ -190,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         os.chdir(cwd)
         if writer is not None:
-            writer.stop()  # type: ignore[attr-defined]
+            writer.stop()
         if started:
             from grpo_tui.launch import supervisor
 

@@ -178,3 +178,23 @@ async def test_back_from_a_dashboard_the_runs_list_shows_the_new_run(app_factory
         await wait_for(pilot, lambda: isinstance(app.screen, DashboardScreen) and app.screen.updates > 0)
         await pilot.press("escape")
         await wait_for(pilot, lambda: [r.name for r in table.runs] == ["20260105-000000-tiny-cpu"])
+
+
+async def test_editor_reads_the_preset_folders_once_not_per_keystroke(app_factory, monkeypatch) -> None:
+    from grpo_tui.config import store
+
+    calls = []
+    real = store.list_presets
+    monkeypatch.setattr(store, "list_presets", lambda: calls.append(1) or real())
+    app = app_factory()
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        await pilot.press("e")
+        await pilot.pause()
+        assert isinstance(app.screen, PresetEditorScreen)
+        opened = len(calls)
+        app.screen.query_one("#f-name", Input).focus()
+        await pilot.press(*"tiny-cpu-x")
+        await pilot.pause()
+        assert app.screen.query_one("#f-name", Input).value.endswith("tiny-cpu-x")
+        assert len(calls) == opened

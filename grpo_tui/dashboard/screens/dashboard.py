@@ -5,8 +5,10 @@ this screen only draws the views it is sent."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from rich.text import Text
 from textual import on, work
@@ -19,7 +21,7 @@ from textual.widgets import Footer, Header, Static, TabbedContent, TabPane
 from textual.worker import get_current_worker
 
 from grpo_tui.dashboard.feed import METRIC_CHARTS, DashboardFeed, DashboardView
-from grpo_tui.dashboard.messages import LossImplRequested, StopRequested
+from grpo_tui.dashboard.messages import LossImplRequested, RunLivenessSeen, StopRequested
 from grpo_tui.dashboard.widgets.alerts_panel import AlertBanner, AlertsPanel
 from grpo_tui.dashboard.widgets.completions_browser import CompletionsBrowser
 from grpo_tui.dashboard.widgets.gpu_memory_panel import GpuMemoryPanel
@@ -67,9 +69,11 @@ class DashboardScreen(Screen[None]):
 
         reason: str
 
-    def __init__(self, run_path: Path, poll_interval: float = 0.4) -> None:
+    def __init__(self, run_path: Path, monitor: Any, clock: Callable[[], float], poll_interval: float = 0.4) -> None:
         super().__init__()
         self.run_path = Path(run_path)
+        self.monitor = monitor
+        self.clock = clock
         self.poll_interval = poll_interval
         self.view: DashboardView | None = None
         self.feed: DashboardFeed | None = None
@@ -122,8 +126,7 @@ class DashboardScreen(Screen[None]):
     @work(thread=True, exclusive=True, group="dashboard-feed", exit_on_error=False)
     def _feed_worker(self) -> None:
         worker = get_current_worker()
-        app = self.app
-        feed = DashboardFeed(self.run_path, app.monitor, app.clock)  # type: ignore[attr-defined]
+        feed = DashboardFeed(self.run_path, self.monitor, self.clock)
         self.feed = feed
         stop = self._stop_event
         while not worker.is_cancelled:
@@ -177,10 +180,7 @@ class DashboardScreen(Screen[None]):
             self._drawn_generation = view.generation
             self._draw_charts(view)
         self.query_one(CompletionsBrowser).set_steps(view.completion_steps)
-        if view.status in LIVE_STATES:
-            self.app.live_runs.add(self.run_path)  # type: ignore[attr-defined]
-        else:
-            self.app.live_runs.discard(self.run_path)  # type: ignore[attr-defined]
+        self.post_message(RunLivenessSeen(self.run_path, view.status in LIVE_STATES))
 
     def _draw_title(self, view: DashboardView) -> None:
         alerts = len({a.kind for a in view.active_alerts})

@@ -3,10 +3,9 @@ save as a new user preset."""
 
 from __future__ import annotations
 
-import typing
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 from rich.text import Text
 from textual import on
 from textual.app import ComposeResult
@@ -16,17 +15,7 @@ from textual.screen import Screen
 from textual.widgets import Footer, Header, Input, Label, Select, Static, Switch
 
 from grpo_tui.config import schema, store
-from grpo_tui.config.schema import PRESET_NAME_RE, Preset, format_errors
-
-# Sections edited field by field; `name`/`description` sit at the top of the form.
-SECTIONS = ("model", "data", "rewards", "grpo", "loss", "peft", "distributed", "logging")
-
-
-def _literal_choices(annotation: Any) -> tuple[Any, ...] | None:
-    for arg in (annotation, *typing.get_args(annotation)):
-        if typing.get_origin(arg) is Literal:
-            return typing.get_args(arg)
-    return None
+from grpo_tui.config.schema import PRESET_NAME_RE, Preset, format_errors, literal_choices, walk_fields
 
 
 def _is_bool(annotation: Any) -> bool:
@@ -74,6 +63,8 @@ class PresetEditorScreen(Screen[str | None]):
         self.data = preset.model_dump(mode="json")
         self.valid: Preset | None = preset
         self.hints: dict[str, str] = {}  # widget id -> the field's description, shown when valid
+        # Read once: validation runs on every keystroke, on the UI thread, and must not scan folders.
+        self.builtin_names = {e.name for e in store.list_presets() if e.origin == "built-in"}
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -87,14 +78,14 @@ class PresetEditorScreen(Screen[str | None]):
             )
             yield from self._row("name", "name (new preset)", f"{self.preset.name}-custom", str)
             yield from self._row("description", "description", self.preset.description, str)
-            for section in SECTIONS:
-                model: type[BaseModel] = type(getattr(self.preset, section))
-                yield Label(Text(f"[{section}]"), classes="form-section")  # Text: brackets are not markup
-                for key, field in model.model_fields.items():
-                    dotted = f"{section}.{key}"
-                    yield from self._row(
-                        dotted, key, self.data[section][key], field.annotation, field.description or ""
-                    )
+            # `name`/`description` are above; every section's fields follow, in the schema's order.
+            for field in walk_fields(Preset):
+                section, _, key = field.path.rpartition(".")
+                if field.section is not None:
+                    yield Label(Text(f"[{field.path}]"), classes="form-section")  # Text: brackets are not markup
+                elif section:
+                    value = self.data[section][key]
+                    yield from self._row(field.path, key, value, field.annotation, field.info.description or "")
         yield Static(id="editor-status")
         yield Footer()
 
@@ -102,7 +93,7 @@ class PresetEditorScreen(Screen[str | None]):
         widget_id = "f-" + dotted.replace(".", "--")
         with Horizontal(classes="form-row"):
             yield Label(label, classes="form-label")
-            choices = _literal_choices(annotation)
+            choices = literal_choices(annotation)
             if _is_bool(annotation):
                 yield Switch(value=bool(value), id=widget_id, classes="form-field")
             elif choices is not None and not isinstance(value, list):
@@ -117,7 +108,7 @@ class PresetEditorScreen(Screen[str | None]):
         data = self.preset.model_dump(mode="json")
         data["name"] = self.query_one("#f-name", Input).value.strip()
         data["description"] = self.query_one("#f-description", Input).value
-        for section in SECTIONS:
+        for section in schema.SECTIONS:
             for key, current in data[section].items():
                 widget = self.query_one(f"#f-{section}--{key}")
                 if isinstance(widget, Switch):
@@ -130,8 +121,8 @@ class PresetEditorScreen(Screen[str | None]):
 
     def validate_form(self) -> list[str]:
         """Validate everything; put each error beside its field; return all error lines."""
-        for label in self.query(".form-error"):
-            label.update(Text(self.hints.get(str(label.id)[4:], ""), "dim"))  # type: ignore[attr-defined]
+        for label in self.query(".form-error").results(Label):
+            label.update(Text(self.hints.get(str(label.id)[4:], ""), "dim"))
         self.valid = None
         data = self._collect()
         errors: list[str] = []
@@ -144,13 +135,11 @@ class PresetEditorScreen(Screen[str | None]):
                 for depth in (2, 1):  # a reward spec's error belongs to rewards.functions
                     target = self.query(f"#err-f-{'--'.join(loc[:depth])}")
                     if target:
-                        target.first().update(Text(line.split(": ", 1)[-1], "red"))  # type: ignore[attr-defined]
+                        target.first(Label).update(Text(line.split(": ", 1)[-1], "red"))
                         break
         name = data["name"]
         # The schema already checks the name's characters; a clash with a built-in is ours to refuse.
-        if PRESET_NAME_RE.match(name or "") and any(
-            e.name == name and e.origin == "built-in" for e in store.list_presets()
-        ):
+        if PRESET_NAME_RE.match(name or "") and name in self.builtin_names:
             errors.append(f"name: {name!r} is a built-in preset; pick a new name")
             self.query_one("#err-f-name", Label).update(Text("a built-in has this name", "red"))
         status = self.query_one("#editor-status", Static)

@@ -12,11 +12,13 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import Screen
-from textual.widgets import DataTable, Footer, Header, OptionList, Static
+from textual.widgets import Footer, Header, OptionList, Static
 from textual.widgets.option_list import Option
 
 from grpo_tui.config import schema, store
 from grpo_tui.config.schema import Preset
+from grpo_tui.dashboard.messages import CompareRequested, OpenRunRequested, RunRequested, ShowRunsRequested
+from grpo_tui.dashboard.runs_location import runs_location
 from grpo_tui.dashboard.widgets.runs_table import RunsTable
 
 
@@ -96,7 +98,7 @@ class PresetScreen(Screen[None]):
                     cmd.border_title = "Command that will run"
                     yield Static(id="preset-command")
         with Vertical(id="runs-box", classes="box") as box:
-            box.border_title = f"Runs in {self.app.runs_dir}"  # type: ignore[attr-defined]
+            box.border_title = f"Runs in {runs_location(self.app).path}"
             yield RunsTable(id="runs-table")
         yield Footer()
 
@@ -155,8 +157,7 @@ class PresetScreen(Screen[None]):
             return
         self.query_one("#preset-description", Static).update(Text(preset.description or "(no description)", "italic"))
         self.query_one("#preset-fields", Static).update(preset_fields_table(preset))
-        app = self.app
-        runs_dir = app.runs_dir if app.runs_dir_given else Path(preset.logging.runs_dir)  # type: ignore[attr-defined]
+        runs_dir = runs_location(self.app).launch_dir(preset)
         self.query_one("#preset-command", Static).update(Text(launch_preview(preset, runs_dir)))
         self.query_one("#preset-checks", Static).update(Text("checking…", "dim"))
         self._check(preset)
@@ -173,19 +174,24 @@ class PresetScreen(Screen[None]):
 
     def on_data_table_row_selected(self) -> None:
         # Enter is the screen's (priority) binding, so this comes from a mouse click on a run's row.
-        self.app.action_open_run(self.query_one(RunsTable))  # type: ignore[attr-defined]
+        self._open_run(self.query_one(RunsTable))
 
     def on_screen_resume(self) -> None:
         # Back from a dashboard or the editor: runs may have started or ended meanwhile.
         self.query_one(RunsTable).refresh_runs()
-        self.query_one("#runs-box").border_title = f"Runs in {self.app.runs_dir}"  # type: ignore[attr-defined]
+        self.query_one("#runs-box").border_title = f"Runs in {runs_location(self.app).path}"
 
     def action_enter(self) -> None:
         focused = self.focused
-        if isinstance(focused, DataTable):
-            self.app.action_open_run(focused)  # type: ignore[attr-defined]
+        if isinstance(focused, RunsTable):
+            self._open_run(focused)
         else:
             self.action_start()
+
+    def _open_run(self, table: RunsTable) -> None:
+        run = table.selected
+        if run is not None:
+            self.post_message(OpenRunRequested(run.path))
 
     def action_start(self) -> None:
         name = self.selected_name
@@ -197,7 +203,7 @@ class PresetScreen(Screen[None]):
                 "\n".join(self.errors.get(name, ["invalid preset"])), title=f"{name} is invalid", severity="error"
             )
             return
-        self.app.start_preset(preset)  # type: ignore[attr-defined]
+        self.post_message(RunRequested(preset))
 
     def action_edit(self) -> None:
         from grpo_tui.dashboard.screens.preset_editor import PresetEditorScreen
@@ -214,10 +220,10 @@ class PresetScreen(Screen[None]):
             self.load_presets()
 
     def action_runs(self) -> None:
-        self.app.action_show_runs()  # type: ignore[attr-defined]
+        self.post_message(ShowRunsRequested())
 
     def action_compare(self) -> None:
-        self.app.action_compare()  # type: ignore[attr-defined]
+        self.post_message(CompareRequested())
 
     def action_reload(self) -> None:
         self.load_presets()

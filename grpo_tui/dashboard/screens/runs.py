@@ -9,6 +9,8 @@ from textual.containers import Vertical
 from textual.screen import Screen
 from textual.widgets import Footer, Header, Static
 
+from grpo_tui.dashboard.messages import CompareRequested, OpenRunRequested
+from grpo_tui.dashboard.runs_location import runs_location
 from grpo_tui.dashboard.widgets.runs_table import RunsTable
 
 HINT = "Enter open · space mark (two marked: c compares them) · f5 refresh · Escape back"
@@ -26,7 +28,7 @@ class RunsScreen(Screen[None]):
     def compose(self) -> ComposeResult:
         yield Header()
         with Vertical(id="runs-screen-box", classes="box") as box:
-            box.border_title = f"Runs in {self.app.runs_dir}"  # type: ignore[attr-defined]
+            box.border_title = f"Runs in {runs_location(self.app).path}"
             yield RunsTable(id="runs-screen-table")
         yield Static(HINT, id="runs-hint", classes="hint")
         yield Footer()
@@ -43,7 +45,9 @@ class RunsScreen(Screen[None]):
         self.query_one(RunsTable).refresh_runs()  # back from a dashboard: statuses may have changed
 
     def action_open(self) -> None:
-        self.app.action_open_run(self.query_one(RunsTable))  # type: ignore[attr-defined]
+        run = self.query_one(RunsTable).selected
+        if run is not None:
+            self.post_message(OpenRunRequested(run.path))
 
     def action_mark(self) -> None:
         self.query_one(RunsTable).toggle_mark()
@@ -56,7 +60,7 @@ class RunsScreen(Screen[None]):
         if len(marked) < 2:
             self.notify("Mark two runs with space first (or open compare and pick there).", severity="warning")
             return
-        self.app.action_compare(marked[-2], marked[-1])  # type: ignore[attr-defined]
+        self.post_message(CompareRequested(marked[-2], marked[-1]))
 
     def action_refresh(self) -> None:
         self.query_one(RunsTable).refresh_runs()

@@ -11,6 +11,7 @@ from textual import work
 from textual.message import Message
 from textual.widgets import DataTable
 
+from grpo_tui.dashboard.runs_location import runs_location
 from grpo_tui.dashboard.state import RunInfo, scan_runs
 
 STATUS_STYLES = {
@@ -50,7 +51,7 @@ class RunsTable(DataTable):
 
     def refresh_runs(self) -> None:
         """Scan the runs folder again (its screen calls this when it shows: on ScreenResume)."""
-        self._scan(Path(self.app.runs_dir))  # type: ignore[attr-defined]
+        self._scan(runs_location(self.app).path)
 
     @work(thread=True, exclusive=True, group="runs-scan")
     def _scan(self, runs_dir: Path) -> None:
