@@ -33,8 +33,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from grpo_tui.dashboard.loading import load_recent, load_run  # noqa: E402 - after sys.path.insert: runs from a checkout without an install
 from grpo_tui.dashboard.monitor import Monitor  # noqa: E402 - after sys.path.insert: runs from a checkout without an install
-from grpo_tui.dashboard.state import RunState, load_recent, load_run  # noqa: E402 - after sys.path.insert: runs from a checkout without an install
+from grpo_tui.dashboard.state import RunState  # noqa: E402 - after sys.path.insert: runs from a checkout without an install
 from grpo_tui.runs import metrics  # noqa: E402 - after sys.path.insert: runs from a checkout without an install
 from grpo_tui.tools.demo import make_run  # noqa: E402 - after sys.path.insert: runs from a checkout without an install
 
@@ -57,13 +58,12 @@ def bench_load(steps: int, repeats: int, work: Path) -> dict[str, Any]:
     run = make_run(work / f"long-{steps}", steps=steps, switch_step=steps // 2, completions=False)
     path = run.path / "metrics.jsonl"
     data = path.read_bytes()
-    lines = data.split(b"\n")[:-1]
 
     def decode() -> int:  # block by block, as load_run does, keeping nothing (no GC pressure from a huge list)
-        return sum(len(list(metrics.parse_lines(lines[i : i + 2000]))) for i in range(0, len(lines), 2000))
+        return sum(len(block) for block in metrics.MetricsTail(path).read_blocks())  # the file is in the page cache
 
     parse, _ = _timed(decode, repeats)
-    records = list(metrics.parse_lines(lines))
+    records = metrics.read_records(path)
 
     def build() -> RunState:
         state = RunState()

@@ -311,45 +311,24 @@ def _cmd_presets_save(args: argparse.Namespace) -> int:
 def _cmd_runs(args: argparse.Namespace) -> int:
     import time
 
-    from grpo_tui.launch.supervisor import effective_status
-    from grpo_tui.runs.folder import list_runs
+    from grpo_tui.runs.listing import scan_runs
 
-    runs = list_runs(args.runs_dir)
+    runs = scan_runs(args.runs_dir)
     if not runs:
         print(f"no runs in {args.runs_dir.resolve()}")
         return 0
     width = max(len(r.name) for r in runs)
     print(f"{'RUN':<{width}}  {'STATUS':<9}  {'STEP':>6}  {'STARTED':<19}  REASON")
     for run in runs:
-        status = effective_status(run)
-        started = status.get("started") or status.get("created")
-        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started)) if isinstance(started, (int, float)) else "-"
-        step = _last_step(run.metrics)
-        print(
-            f"{run.name:<{width}}  {status.get('status', '?'):<9}  {step if step is not None else '-':>6}  {when:<19}  "
-            f"{status.get('reason') or ''}"
-        )
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(run.started)) if run.started is not None else "-"
+        print(f"{run.name:<{width}}  {run.status:<9}  {run.steps or '-':>6}  {when:<19}  {run.reason or ''}")
     return 0
 
 
-def _last_step(metrics: Path, tail_bytes: int = 16384) -> int | None:
-    """The last logged step, from the file's tail only (a long run's file can be large)."""
-    from grpo_tui.runs.metrics import MetricsTail
-
-    try:
-        size = metrics.stat().st_size
-    except OSError:
-        return None
-    # Starting mid-line gives one torn first line, which the reader skips.
-    records = MetricsTail(metrics, offset=max(0, size - tail_bytes)).read_new()
-    steps = [r["step"] for r in records if isinstance(r.get("step"), int)]
-    return steps[-1] if steps else None
-
-
 def _cmd_control(args: argparse.Namespace) -> int:
-    from grpo_tui.launch.supervisor import ACTIVE_STATES, effective_status, stop_run
+    from grpo_tui.launch.supervisor import stop_run
     from grpo_tui.runs.folder import RunDir
-    from grpo_tui.runs.listing import SUBMITTED
+    from grpo_tui.runs.status import ENDED_STATES, RunStatus, judge
 
     run = RunDir(args.run_dir.resolve())
     if not run.is_run:
@@ -358,11 +337,13 @@ def _cmd_control(args: argparse.Namespace) -> int:
     if args.force and not args.stop:
         print("--force goes with --stop", file=sys.stderr)
         return EXIT_USAGE
-    # Without run.json (a trainer started by hand) the state is unknown: the request is written.
-    state = effective_status(run).get("status") if run.status.exists() else None
-    if state is not None and state not in (*ACTIVE_STATES, SUBMITTED):
+    state = judge(run.path).state
+    if state in ENDED_STATES:
         print(f"{args.run_dir}: the run is {state}; nothing reads control requests any more", file=sys.stderr)
         return 1
+    if state is RunStatus.LOST:
+        # Liveness is judged from local pids: a run on other hosts looks lost here, so the request is still written.
+        print(f"note: {run.name} looks lost (no live process of it here); writing the request anyway", file=sys.stderr)
     if args.stop:
         print(stop_run(run.path, force=args.force))
         return 0

@@ -7,8 +7,9 @@ from pathlib import Path
 
 from grpo_tui.dashboard import alerts as A
 from grpo_tui.dashboard.alerts import AlertLog, detect_alerts
+from grpo_tui.dashboard.loading import load_recent, load_run
 from grpo_tui.dashboard.monitor import GpuSnapshot, HostSnapshot, MonitorSnapshot
-from grpo_tui.dashboard.state import RunState, load_recent, load_run
+from grpo_tui.dashboard.state import RunState
 from grpo_tui.tools.demo import make_run
 
 HEALTHY = {"frac_reward_zero_std": 0.1, "kl": 0.002, "entropy": 1.0, "completions/clipped_ratio": 0.05}

@@ -6,7 +6,8 @@ import statistics
 from pathlib import Path
 
 from grpo_tui.dashboard.compare import FINAL_REWARD_STEPS, aligned, compare_runs
-from grpo_tui.dashboard.state import PEAK_MIB, RunState, load_run
+from grpo_tui.dashboard.loading import load_run
+from grpo_tui.dashboard.state import PEAK_MIB, RunState
 from grpo_tui.runs.metrics import PHASES, read_records
 from grpo_tui.tools.demo import make_run
 

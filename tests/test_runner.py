@@ -22,10 +22,11 @@ import pytest
 from grpo_tui.config.schema import PresetError
 from grpo_tui.config.store import load_preset
 from grpo_tui.launch.progress import format_step
-from grpo_tui.launch.supervisor import effective_status, prepare_run, run_foreground, stop_run
+from grpo_tui.launch.supervisor import prepare_run, run_foreground, stop_run
 from grpo_tui.runs.failures import failure_reason
 from grpo_tui.runs.folder import RunDir
 from grpo_tui.runs.metrics import read_records, step_records
+from grpo_tui.runs.status import judge
 
 FAKE = str(Path(__file__).with_name("fake_trainer.py"))
 DEADLINE_S = 60.0
@@ -204,15 +205,17 @@ def test_stop_run_graceful_and_forced(tmp_path: Path) -> None:
     assert "killed" in stubborn.read_status()["reason"]
 
 
-def test_effective_status_flags_a_vanished_supervisor(tmp_path: Path) -> None:
+def test_status_flags_a_vanished_supervisor(tmp_path: Path) -> None:
     run = RunDir.create(tmp_path, "ghost")
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
     run.update_status(status="running", pid=gone.pid, pid_started=time.time() - 3600)
-    status = effective_status(run)
-    assert status["status"] == "failed" and "supervisor" in status["reason"]
+    # "lost", as the runs list has always said (the old CLI-only judgement said "failed"): nothing
+    # recorded an outcome, so the stream would tell, and it has no end
+    state, reason = judge(run.path)
+    assert state == "lost" and "supervisor" in reason
     run.update_status(pid=os.getpid(), pid_started=None)
-    assert effective_status(run)["status"] == "running"
+    assert judge(run.path).state == "running"
 
 
 def test_failure_reason_skips_launcher_wrappers(tmp_path: Path) -> None:

@@ -14,20 +14,17 @@ from pathlib import Path
 import psutil
 import pytest
 
+from grpo_tui.dashboard.loading import load_recent, load_run
 from grpo_tui.dashboard.state import (
     PEAK_MIB,
-    SCAN_TAIL_BYTES,
     TOKENS_PER_S,
     RunState,
     downsample,
     downsample_indices,
-    load_recent,
-    load_run,
     phase_series,
-    run_info,
-    scan_runs,
 )
-from grpo_tui.runs.metrics import read_records
+from grpo_tui.runs.listing import run_info, scan_runs
+from grpo_tui.runs.metrics import TAIL_BYTES, read_records
 from grpo_tui.tools.demo import LiveWriter, make_run, step_record
 
 
@@ -347,7 +344,7 @@ def test_runs_without_runner_pids_and_fresh_starting_runs(tmp_path: Path) -> Non
 
 def test_run_info_reads_only_the_tail_of_a_long_file(tmp_path: Path) -> None:
     run = make_run(tmp_path / "long", steps=400, completions=False, truncate_last=True)
-    assert (run.path / "metrics.jsonl").stat().st_size > 4 * SCAN_TAIL_BYTES
+    assert (run.path / "metrics.jsonl").stat().st_size > 4 * TAIL_BYTES
     info = run_info(run.path)
     assert info.steps == 400 and info.status == "finished" and info.started is not None
     assert scan_runs(tmp_path / "nowhere") == []

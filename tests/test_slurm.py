@@ -221,9 +221,9 @@ def test_per_node_commands_train_as_two_machines(tiny_model_path: Path, tmp_path
 
 
 def test_app_follows_a_submitted_run_through_its_stream(tmp_path: Path) -> None:
-    from grpo_tui.launch.supervisor import effective_status
     from grpo_tui.runs.listing import run_info
     from grpo_tui.runs.metrics import MetricsWriter
+    from grpo_tui.runs.status import judge
 
     run = RunDir.create(tmp_path, "tiny-cpu")
     run.update_status(status="submitted", launcher="slurm", created=1.0)
@@ -236,11 +236,11 @@ def test_app_follows_a_submitted_run_through_its_stream(tmp_path: Path) -> None:
     for step in range(1, 400):
         writer.write({"step": step, "time": float(step), "reward": 0.5, "note": "x" * 400})
     assert run_info(run.path).status == "running"
-    assert effective_status(run)["status"] == "running"
+    assert judge(run.path).state == "running"
     writer.event("error", message="boom")
     writer.close()
     assert run_info(run.path).status == "failed"
-    assert effective_status(run)["status"] == "failed"
+    assert judge(run.path).state == "failed"
 
 
 def test_a_newline_in_the_runs_folder_cannot_add_a_line_to_the_job_script(

@@ -97,7 +97,7 @@ class GrpoTuiApp(App[int]):
 
     @work(thread=True, group="attach")
     def _find_running(self) -> None:
-        from grpo_tui.dashboard.state import scan_runs
+        from grpo_tui.runs.listing import scan_runs
 
         running = [r for r in scan_runs(self.runs.path) if r.status == "running"]
         if running:
@@ -198,7 +198,8 @@ class GrpoTuiApp(App[int]):
     @work(thread=True, exclusive=True, group="quit")
     def _check_live_then_quit(self) -> None:
         # Runs seen live this session may have ended since (their dashboards closed): ask run.json.
-        from grpo_tui.runs.listing import LIVE_STATES, run_info
+        from grpo_tui.runs.listing import run_info
+        from grpo_tui.runs.status import LIVE_STATES
 
         live = sorted(p for p in self.live_runs if run_info(p).status in LIVE_STATES)
         self.live_runs = set(live)

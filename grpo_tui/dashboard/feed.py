@@ -17,12 +17,14 @@ from pathlib import Path
 from typing import Any
 
 from grpo_tui.dashboard.alerts import Alert, AlertLog, detect_alerts
+from grpo_tui.dashboard.loading import load_recent, load_run
 from grpo_tui.dashboard.monitor import GpuHistory, MonitorSnapshot
-from grpo_tui.dashboard.state import PEAK_MIB, RunState, load_recent, load_run, phase_series, read_config, run_info
+from grpo_tui.dashboard.state import PEAK_MIB, RunState, phase_series
 from grpo_tui.runs.completions import CompletionIndex, PromptGroup
 from grpo_tui.runs.folder import RunDir, read_json
-from grpo_tui.runs.listing import LIVE_STATES
+from grpo_tui.runs.listing import read_config
 from grpo_tui.runs.metrics import PHASES
+from grpo_tui.runs.status import LIVE_STATES, RunStatus, judge
 
 # Points per drawn series: about two per cell of a wide chart, so nothing visible is lost.
 MAX_POINTS = 400
@@ -74,7 +76,7 @@ class DashboardView:
 
     run_name: str
     preset: str
-    status: str
+    status: RunStatus
     progress: ProgressInfo
     charts: ChartData
     snapshot: MonitorSnapshot | None
@@ -111,7 +113,7 @@ class DashboardFeed:
     _chart_key: tuple[int, int] = (-1, -1)
     _generation: int = 0
     _history: GpuHistory = field(default_factory=lambda: GpuHistory(maxlen=MEMORY_SAMPLES))
-    _status: str = "running"
+    _status: RunStatus = RunStatus.RUNNING
     _status_checked: float = -math.inf
     _completions: CompletionIndex | None = None
     _baseline: str = "naive"
@@ -286,9 +288,9 @@ def _recent_peaks(state: RunState, count: int = 120) -> tuple[float, ...]:
     return tuple(v for v in column[-count:] if not math.isnan(v))
 
 
-def _live_status(path: Path, state: RunState) -> str:
+def _live_status(path: Path, state: RunState) -> RunStatus:
     try:
-        return run_info(path).status
+        return judge(path).state
     except Exception:  # a half-written run.json must not stop the feed
         return state.status
 

@@ -1,21 +1,17 @@
 """The run model behind the dashboard: every logged step of one run, as growable columns.
 
 `RunState` is a plain model (no Textual, no torch) fed by metrics records (`apply`). It keeps every
-point (never truncated); charts ask `downsample` for a drawable subset that keeps the shape.
-`load_run` opens a run folder (config.toml + all of metrics.jsonl) and leaves `state.tail`
-positioned at the end, so a worker thread can `state.tail.read_new()` and hand the records to the
-UI thread, which calls `state.apply(records)`: the model is only ever mutated on one thread.
+point (never truncated); charts ask `downsample` for a drawable subset that keeps the shape. The
+model is only ever mutated on one thread (the UI's, or the feed's worker that owns it).
 
-`scan_runs` (from runlist, re-exported here) lists run folders for the runs screen quickly.
-Column extraction and downsampling live in `series`.
+Opening a run folder into a RunState is `loading`'s; column extraction and downsampling live in
+`series`; listing run folders and their status is the run-folder layer's (`runs.listing`, `runs.status`).
 """
 
 from __future__ import annotations
 
 import math
-import mmap
 import operator
-import os
 import statistics
 from array import array
 from collections.abc import Iterable
@@ -36,8 +32,8 @@ from grpo_tui.dashboard.series import (
     nanmax,
     nans,
 )
-from grpo_tui.runs.listing import SCAN_TAIL_BYTES, RunInfo, pid_alive, read_config, run_info, scan_runs, stream_status
-from grpo_tui.runs.metrics import PHASES, MetricsTail, as_float, as_int, parse_lines
+from grpo_tui.runs.metrics import PHASES, MetricsTail, as_float, as_int
+from grpo_tui.runs.status import RunStatus, stream_status
 
 # Re-exported: the dashboard imports these from here.
 __all__ = [
@@ -46,28 +42,16 @@ __all__ = [
     "TOKENS_PER_S",
     "Progress",
     "RunEvent",
-    "RunInfo",
     "RunState",
-    "SCAN_TAIL_BYTES",
     "downsample",
     "downsample_indices",
-    "load_recent",
-    "load_run",
     "phase_series",
-    "pid_alive",
-    "read_config",
-    "run_info",
-    "scan_runs",
 ]
 
 # Step records' keys that are not metrics (never become series).
 NON_SERIES_KEYS = frozenset({"v", "step", "event", "loss_impl", "memory", "pid", "rank", "local_rank", "device"})
 # Steps over which ETA and recent step time are estimated.
 ETA_WINDOW = 20
-# Bytes of metrics.jsonl parsed and applied at a time by load_run.
-LOAD_BLOCK_BYTES = 1024 * 1024
-# Bytes from the end of metrics.jsonl that load_recent parses (~1,000 steps of TRL metrics).
-RECENT_BYTES = 1024 * 1024
 
 # Derived series names (beside TRL's own metric names).
 TOKENS_PER_S = "tokens_per_s"
@@ -125,7 +109,7 @@ class RunState:
         self.phase_peaks_before_switch: dict[str, float] = {}  # from the previous switch (or start) to the latest
         self.phase_peaks_since_switch: dict[str, float] = {}  # since the latest switch (or start)
         self.run_peak_mib: float | None = None
-        self.tail: MetricsTail | None = None
+        self.tail: MetricsTail | None = None  # set by loading: goes on after the records applied so far
         self.partial = False  # True when built by load_recent: only the newest steps are loaded
         self._ds_cache: dict[tuple[str, int], tuple[int, list[list[int]], list[int]]] = {}
         self.run_dir: Path | None = None
@@ -337,7 +321,7 @@ class RunState:
         return [e.step for e in self.events if e.kind == "loss_impl_switch" and e.step is not None]
 
     @property
-    def status(self) -> str:
+    def status(self) -> RunStatus:
         """From the stream alone: finished, failed (error / oom), stopped (stop then finish) or running."""
         return stream_status([(e.kind, e.data) for e in self.events])
 
@@ -355,86 +339,15 @@ class RunState:
     def progress(self, now: float | None = None) -> Progress:
         """Step, max_steps, elapsed seconds (to `now` while live, else to the last record) and ETA."""
         step = self.last_step
-        end = now if now is not None and self.status == "running" else self.last_time
+        end = now if now is not None and self.status is RunStatus.RUNNING else self.last_time
         elapsed = max(0.0, end - self.start_time) if end is not None and self.start_time is not None else 0.0
         eta = None
         per_step = self.median_step_time(ETA_WINDOW)
-        if self.max_steps is not None and per_step is not None and self.status == "running":
+        if self.max_steps is not None and per_step is not None and self.status is RunStatus.RUNNING:
             eta = max(0, self.max_steps - step) * per_step
-        elif self.status != "running":
+        elif self.status is not RunStatus.RUNNING:
             eta = 0.0
         return Progress(step, self.max_steps, elapsed, eta)
-
-
-def _new_state(root: Path) -> RunState:
-    config = read_config(root)
-    grpo, loss = config.get("grpo", {}), config.get("loss", {})
-    state = RunState(
-        max_steps=as_int(grpo.get("max_steps")), preset=str(config.get("name", "")), loss_impl=str(loss.get("impl", ""))
-    )
-    state.run_dir = root
-    return state
-
-
-def load_run(run_dir: str | os.PathLike[str], block_bytes: int = LOAD_BLOCK_BYTES) -> RunState:
-    """A RunState with the run's config and every complete record of its metrics.jsonl.
-
-    The file is read and applied in blocks (so a long run never holds all its records as dicts at
-    once). `state.tail` is left after the last complete line, ready for incremental reads of a live
-    run (a partial last line is read again once its newline arrives).
-    """
-    root = Path(run_dir)
-    state = _new_state(root)
-    path = root / "metrics.jsonl"
-    consumed = 0
-    try:
-        with open(path, "rb") as handle:
-            pending = b""
-            while block := handle.read(block_bytes):
-                data = pending + block
-                cut = data.rfind(b"\n") + 1
-                pending = data[cut:]
-                if cut:
-                    state.apply(parse_lines(data[:cut].split(b"\n")[:-1]))
-                    consumed += cut
-    except FileNotFoundError:
-        pass
-    state.tail = MetricsTail(path, offset=consumed)
-    return state
-
-
-def load_recent(run_dir: str | os.PathLike[str], recent_bytes: int = RECENT_BYTES) -> RunState:
-    """A quick first look at a long run: every event, but only the steps in the last `recent_bytes`.
-
-    For a dashboard to draw within a fraction of a second while `load_run` reads the whole history
-    (100,000 steps take about a second). Events before the window are found by a byte search (no
-    JSON parse of the steps around them), so switches, the start record (pid -> GPU) and failures
-    are all known; per-phase peaks and series cover the window only. `state.partial` is True and
-    `state.tail` continues after the last complete line, like load_run's.
-    """
-    root = Path(run_dir)
-    state = _new_state(root)
-    path = root / "metrics.jsonl"
-    try:
-        with open(path, "rb") as handle:
-            # mapped, not read: the byte searches below touch the file without copying 100 MB
-            data = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) if os.fstat(handle.fileno()).st_size else b""
-    except FileNotFoundError:
-        data = b""
-    end = data.rfind(b"\n") + 1
-    start = data.rfind(b"\n", 0, max(0, end - recent_bytes)) + 1 if end > recent_bytes else 0
-    events, pos = [], data.find(b'"event"', 0, start)
-    while pos >= 0:  # the lines before the window that name an event
-        lo, hi = data.rfind(b"\n", 0, pos) + 1, data.find(b"\n", pos)
-        events.append(data[lo:hi])
-        pos = data.find(b'"event"', hi, start)
-    state.apply(r for r in parse_lines(events) if "event" in r)
-    state.apply(parse_lines(data[start:end].split(b"\n")[:-1]))
-    state.partial = start > 0
-    state.tail = MetricsTail(path, offset=end)
-    if isinstance(data, mmap.mmap):
-        data.close()
-    return state
 
 
 def _gpu_index(device: Any, local_rank: Any) -> int | None:

@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     from grpo_tui.config.schema import PresetError
     from grpo_tui.config.store import load_preset
     from grpo_tui.launch import supervisor
-    from grpo_tui.runs.listing import SUBMITTED
+    from grpo_tui.runs.status import RunStatus
 
     args = build_parser().parse_args(argv)
     options = sbatch_options(args)
@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     run = supervisor.prepare_run(preset, [], args.runs_dir, check=False)
     script = run.path / "job.sbatch"
     script.write_text(slurm_script(run.load_preset(), run.path, Path(os.getcwd()), options), encoding="utf-8")
-    run.update_status(status=SUBMITTED, launcher="slurm", script=str(script))
+    run.update_status(status=RunStatus.SUBMITTED, launcher="slurm", script=str(script))
     if not args.submit:
         print(f"{run.path}\nsubmit with: sbatch {script}")
         return 0

@@ -4,7 +4,8 @@ The supervisor (`supervise`) is the one piece that starts the trainer: in the fo
 run --headless`) it runs in this process; for the TUI it runs as `python -m grpo_tui.cli supervise
 RUN_DIR` in its own session (`spawn_detached`), so closing the app leaves the run going. Either way
 the trainer runs in its own process group, its output goes to stdout.log, and run.json records
-pids, status and the exit code.
+pids, status and the exit code. Whether a run is alive, and its status, is `runs.status.judge`'s
+to say: this module only supervises.
 """
 
 from __future__ import annotations
@@ -28,14 +29,13 @@ from grpo_tui.launch.command import build_launch_command, launch_env, per_node_c
 from grpo_tui.launch.progress import ProgressPrinter
 from grpo_tui.runs.failures import failure_reason
 from grpo_tui.runs.folder import RunDir, read_json
-from grpo_tui.runs.listing import SUBMITTED, pid_alive, submitted_status, tail_records
 from grpo_tui.runs.metrics import MetricsTail
+from grpo_tui.runs.status import RunStatus, pid_alive
 
 # Seconds between SIGTERM and SIGKILL when a process group is killed.
 KILL_GRACE_S = 5.0
 # How often the supervisor polls the child and the metrics file.
 POLL_S = 0.2
-ACTIVE_STATES = ("starting", "running")
 STOP_HINT = "stopping at the next step boundary (Ctrl-C again to kill)"
 
 
@@ -63,7 +63,7 @@ def prepare_run(
     if preset.distributed.num_machines > 1:
         command["per_node"] = per_node_commands(preset, run.path)
     run.command.write_text(json.dumps(command, indent=1) + "\n", encoding="utf-8")
-    run.update_status(preset=preset.name, status="starting", created=time.time())
+    run.update_status(preset=preset.name, status=RunStatus.STARTING, created=time.time())
     return run
 
 
@@ -98,7 +98,7 @@ class Supervisor:
         env = {**os.environ, **{str(k): str(v) for k, v in (command.get("env") or {}).items()}}
         cwd = command.get("cwd") if command.get("cwd") and Path(command["cwd"]).is_dir() else None
         me = _process_identity(os.getpid())
-        self.run.update_status(status="starting", pid=os.getpid(), pid_started=me, started=time.time())
+        self.run.update_status(status=RunStatus.STARTING, pid=os.getpid(), pid_started=me, started=time.time())
         if self.killed:  # killed before it started: start nothing
             raise OSError("the run was killed before the trainer started")
         with open(self.run.stdout, "ab") as log:
@@ -114,7 +114,9 @@ class Supervisor:
                 start_new_session=True,
             )
         child = self.proc.pid
-        self.run.update_status(status="running", child_pid=child, child_started=_process_identity(child), pgid=child)
+        self.run.update_status(
+            status=RunStatus.RUNNING, child_pid=child, child_started=_process_identity(child), pgid=child
+        )
 
     def wait(self) -> int:
         """Wait for the trainer; returns this command's exit code and writes the final status."""
@@ -136,13 +138,13 @@ class Supervisor:
         stop_requested = bool(control.get("stop"))
         fields: dict[str, Any] = {"ended": time.time(), "exit_code": code}
         if code == 0:
-            status, result = ("stopped" if stop_requested else "finished"), 0
+            status, result = (RunStatus.STOPPED if stop_requested else RunStatus.FINISHED), 0
             fields["reason"] = "stopped on request" if stop_requested else None
         elif self.killed or (stop_requested and control.get("kill")):
-            status, result = "stopped", _shell_code(code)
+            status, result = RunStatus.STOPPED, _shell_code(code)
             fields["reason"] = "killed on request before the trainer finished"
         else:
-            status, result = "failed", _shell_code(code)
+            status, result = RunStatus.FAILED, _shell_code(code)
             fields["reason"] = failure_reason(self.run.metrics, self.run.stdout, code)
         self.run.update_status(status=status, **fields)
         return result
@@ -216,7 +218,7 @@ def supervise(run_dir: Path, echo: TextIO | None = None, interactive: bool = Fal
         try:
             supervisor.start()
         except OSError as exc:  # the interpreter or launcher could not be started at all
-            status = "stopped" if supervisor.killed else "failed"
+            status = RunStatus.STOPPED if supervisor.killed else RunStatus.FAILED
             run.update_status(
                 status=status, ended=time.time(), exit_code=None, reason=f"cannot start the trainer: {exc}"
             )
@@ -231,7 +233,7 @@ def supervise(run_dir: Path, echo: TextIO | None = None, interactive: bool = Fal
     if printer is not None and echo is not None:
         status = run.read_status()
         print(printer.summary(str(status.get("status"))), file=echo, flush=True)
-        if status.get("status") == "failed" and status.get("reason"):
+        if status.get("status") == RunStatus.FAILED and status.get("reason"):
             print(f"run failed: {status['reason']}", file=sys.stderr, flush=True)
     return code
 
@@ -305,16 +307,4 @@ def _process_identity(pid: int) -> float | None:
 
 def _same_process(pid: Any, started: Any) -> bool:
     """`pid` is alive and was created at `started` (run.json's record), not a later process reusing the id."""
-    identity = float(started) if isinstance(started, (int, float)) else None
-    return pid_alive(pid, identity)
-
-
-def effective_status(run: RunDir) -> dict[str, Any]:
-    """run.json, with an active status whose supervisor is gone shown as failed (reason says why)."""
-    status = run.read_status()
-    if status.get("status") == SUBMITTED:
-        return {**status, "status": submitted_status(tail_records(run.metrics))}
-    if status.get("status") in ACTIVE_STATES and "pid" in status:
-        if not _same_process(status.get("pid"), status.get("pid_started")):
-            status = {**status, "status": "failed", "reason": "the supervisor process is gone (killed or crashed)"}
-    return status
+    return pid_alive(pid, float(started) if isinstance(started, (int, float)) else None)

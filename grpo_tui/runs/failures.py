@@ -1,4 +1,4 @@
-"""Failure wording shared by the trainer, the supervisor and the dashboard: one line per failure.
+"""Failure wording shared by the trainer, the supervisor, the status judgement and the dashboard.
 
 Lives in the run-folder layer so that the trainer (which writes the events) and the UI (which shows
 them) use the same words without importing each other.
@@ -43,15 +43,23 @@ def failure_reason(metrics_path: Path, stdout_path: Path, exit_code: int | None 
     A negative `exit_code` (killed by that signal, as Popen reports it) is said when no event explains it.
     """
     for record in reversed(read_records(metrics_path)):
-        if record.get("event") == "oom":
-            return oom_message(record.get("phase"), record.get("step"))
-        if record.get("event") == "error":
-            return _error_text(record)
+        reason = event_reason(record)
+        if reason is not None:
+            return reason
     if exit_code is not None and exit_code < 0:
         name = _signal_name(-exit_code)
         hint = " (the system may have run out of host memory)" if name == "SIGKILL" else ""
         return f"the trainer was killed by {name}{hint}"
     return _log_reason(stdout_path)
+
+
+def event_reason(record: dict[str, Any]) -> str | None:
+    """The one line for an error or oom event of the metrics stream; None for any other record."""
+    if record.get("event") == "oom":
+        return oom_message(record.get("phase"), record.get("step"))
+    if record.get("event") == "error":
+        return _error_text(record)
+    return None
 
 
 def _signal_name(number: int) -> str:

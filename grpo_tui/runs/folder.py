@@ -8,7 +8,7 @@ runs/<YYYYmmdd-HHMMSS>-<preset>/
     metrics.jsonl          the metrics stream (see metrics.py)
     completions.jsonl      sampled completions with rewards and advantages, bounded per step
     control.json           requests to the trainer (loss_impl switch, stop), written atomically
-    run.json               status: pids, process group, state, exit code (written by the runner)
+    run.json               pids, process group, state, exit code (written by the runner; status.judge reads it)
 
 Data flows one way (runner -> trainer -> files -> dashboard); the only way back is control.json.
 """
@@ -26,8 +26,6 @@ from pathlib import Path
 from typing import Any
 
 from grpo_tui.config.schema import Preset
-
-RUN_STATES = ("starting", "running", "finished", "failed", "stopped")
 
 
 def write_json_atomic(path: Path, data: dict[str, Any]) -> None:

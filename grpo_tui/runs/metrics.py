@@ -21,18 +21,24 @@ Event records have an `event` key: start, finish, error, oom, loss_impl_switch, 
 
 Readers skip a truncated last line (a writer may be mid-line) and lines from a newer schema they
 cannot parse are still returned as dicts: unknown keys are ignored, never fatal.
+
+This module is the stream's one writer (`MetricsWriter`) and its one reader: every consumer reads
+through `read_records` (the whole file), `MetricsTail` (incremental, optionally block by block),
+`read_recent` (every event + the newest steps), `tail_records` / `last_step` (the end of a long
+file) or `start_event` (the first record). No other module parses metrics lines.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import mmap
 import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 SCHEMA_VERSION = 1
 
@@ -40,6 +46,13 @@ EVENTS = frozenset(
     {"start", "finish", "error", "oom", "loss_impl_switch", "control_error", "stop_requested", "checkpoint"}
 )
 PHASES = ("generation", "scoring", "loss", "optimizer")
+
+# Bytes read from the end of metrics.jsonl for a run's latest state (enough for several step records).
+TAIL_BYTES = 64 * 1024
+# Bytes read from the start of metrics.jsonl to find the start event (the trainer's first record).
+HEAD_BYTES = 16 * 1024
+# Bytes read and parsed at a time by `MetricsTail.read_blocks` (a long run is never all dicts at once).
+BLOCK_BYTES = 1024 * 1024
 
 
 class MetricsWriter:
@@ -84,33 +97,7 @@ def is_step(record: dict[str, Any]) -> bool:
     return "event" not in record and "step" in record
 
 
-@dataclass
-class MetricsTail:
-    """Incremental reader: each `read_new()` returns the complete lines appended since the last call.
-
-    The file may not exist yet; a partial last line is kept back until its newline arrives.
-    """
-
-    path: Path
-    offset: int = 0
-    _partial: bytes = field(default=b"", repr=False)
-
-    def read_new(self) -> list[dict[str, Any]]:
-        try:
-            with open(self.path, "rb") as handle:
-                handle.seek(self.offset)
-                chunk = handle.read()
-        except FileNotFoundError:
-            return []
-        if not chunk:
-            return []
-        self.offset += len(chunk)
-        data = self._partial + chunk
-        lines = data.split(b"\n")
-        self._partial = lines.pop()  # b"" when the chunk ended on a newline
-        return list(parse_lines(lines))
-
-
+# ---- reading -----------------------------------------------------------------------------------
 try:  # optional: orjson decodes about 3x faster (opening a long run); the stdlib decoder is the fallback
     from orjson import loads as _fast_loads
 except ImportError:  # pragma: no cover - depends on the environment
@@ -123,7 +110,7 @@ _DECODERS = tuple(d for d in (_fast_loads, json.loads) if d is not None)
 PARSE_BATCH_LINES = 2000
 
 
-def parse_lines(lines: list[bytes]) -> Iterator[dict[str, Any]]:
+def _parse_lines(lines: list[bytes]) -> Iterator[dict[str, Any]]:
     for start in range(0, len(lines), PARSE_BATCH_LINES):
         batch = [line for line in lines[start : start + PARSE_BATCH_LINES] if line.strip()]
         joined, records = b"[" + b",".join(batch) + b"]", None
@@ -146,9 +133,118 @@ def _parse_each(lines: list[bytes]) -> Iterator[Any]:
             continue  # a torn write from a crash: skip it rather than lose the rest
 
 
+@dataclass
+class MetricsTail:
+    """Incremental reader: each `read_new()` returns the complete lines appended since the last call.
+
+    The file may not exist yet; a partial last line is kept back until its newline arrives.
+    """
+
+    path: Path
+    offset: int = 0
+    _partial: bytes = field(default=b"", repr=False)
+
+    def read_new(self, max_bytes: int = -1) -> list[dict[str, Any]]:
+        """The complete records appended since the last call (from at most `max_bytes` new bytes)."""
+        try:
+            with open(self.path, "rb") as handle:
+                handle.seek(self.offset)
+                chunk = handle.read(max_bytes)
+        except FileNotFoundError:
+            return []
+        if not chunk:
+            return []
+        self.offset += len(chunk)
+        data = self._partial + chunk
+        lines = data.split(b"\n")
+        self._partial = lines.pop()  # b"" when the chunk ended on a newline
+        return list(_parse_lines(lines))
+
+    def read_blocks(self, block_bytes: int = BLOCK_BYTES) -> Iterator[list[dict[str, Any]]]:
+        """Everything appended so far, one block of records at a time.
+
+        The tail is then left after the last complete line: a partial last line is read again from
+        the file once its newline arrives, not kept from this read.
+        """
+        while True:
+            before = self.offset
+            records = self.read_new(block_bytes)
+            if self.offset == before:
+                break
+            if records:
+                yield records
+        self.offset -= len(self._partial)
+        self._partial = b""
+
+
 def read_records(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """All complete records of a metrics file (an unterminated last line is skipped)."""
     return MetricsTail(Path(path)).read_new()
+
+
+def tail_records(path: str | os.PathLike[str], nbytes: int = TAIL_BYTES) -> list[dict[str, Any]]:
+    """The complete records in the last `nbytes` of a metrics file (a long run's file can be large)."""
+    try:
+        with open(path, "rb") as handle:
+            size = handle.seek(0, os.SEEK_END)
+            handle.seek(max(0, size - nbytes))
+            data = handle.read()
+    except OSError:
+        return []
+    lines = data.split(b"\n")
+    if size > nbytes:
+        lines = lines[1:]  # the first line is cut by the seek
+    return list(_parse_lines(lines[:-1]))  # [:-1]: an unterminated last line (or b"" after the final newline)
+
+
+def last_step(path: str | os.PathLike[str], nbytes: int = TAIL_BYTES) -> int | None:
+    """The last logged optimizer step, from the file's tail only (None before the first step)."""
+    steps = step_records(tail_records(path, nbytes))
+    return as_int(steps[-1].get("step")) if steps else None
+
+
+def start_event(path: str | os.PathLike[str], nbytes: int = HEAD_BYTES) -> dict[str, Any] | None:
+    """The stream's start event (the trainer's first record), from the file's head only; None if absent."""
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(nbytes)
+    except OSError:
+        return None
+    return next((r for r in _parse_lines(head.split(b"\n")[:-1]) if r.get("event") == "start"), None)
+
+
+class RecentRecords(NamedTuple):
+    """`read_recent`'s answer: the events before the window, the window's records, and a tail after it."""
+
+    events: list[dict[str, Any]]  # every event record before the window, in file order
+    records: list[dict[str, Any]]  # every record in the window (the newest `recent_bytes`)
+    partial: bool  # True when the window starts after the file's first record
+    tail: MetricsTail  # goes on after the last complete line
+
+
+def read_recent(path: str | os.PathLike[str], recent_bytes: int) -> RecentRecords:
+    """Every event of the stream but only the records in its last `recent_bytes`: a quick first look.
+
+    Events before the window are found by a byte search (no JSON parse of the steps around them).
+    """
+    try:
+        with open(path, "rb") as handle:
+            # mapped, not read: the byte searches below touch the file without copying 100 MB
+            data = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) if os.fstat(handle.fileno()).st_size else b""
+    except FileNotFoundError:
+        data = b""
+    end = data.rfind(b"\n") + 1
+    start = data.rfind(b"\n", 0, max(0, end - recent_bytes)) + 1 if end > recent_bytes else 0
+    lines, pos = [], data.find(b'"event"', 0, start)
+    while pos >= 0:  # the lines before the window that name an event
+        lo, hi = data.rfind(b"\n", 0, pos) + 1, data.find(b"\n", pos)
+        lines.append(data[lo:hi])
+        pos = data.find(b'"event"', hi, start)
+    events = [r for r in _parse_lines(lines) if "event" in r]
+    records = list(_parse_lines(data[start:end].split(b"\n")[:-1]))
+    if isinstance(data, mmap.mmap):
+        data.close()
+    return RecentRecords(events, records, start > 0, MetricsTail(Path(path), offset=end))
 
 
 def step_records(records: list[dict[str, Any]]) -> list[dict[str, Any]]:

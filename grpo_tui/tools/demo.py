@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from grpo_tui.runs.metrics import PHASES, SCHEMA_VERSION
+from grpo_tui.runs.metrics import PHASES, SCHEMA_VERSION, last_step
 
 # Fixed wall-clock origin of a recorded run (2026-01-01 00:00:00 UTC) so files are reproducible.
 T0 = 1767225600.0
@@ -334,9 +334,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         print(run.path)
         return 0
-    from grpo_tui.dashboard.state import run_info  # reads only the file's tail
-
-    last = run_info(Path(args.run_dir)).steps
+    last = last_step(Path(args.run_dir) / "metrics.jsonl") or 0  # from the file's tail only
     writer = LiveWriter(Path(args.run_dir), hz=args.hz, start_step=last + 1).start()
     try:
         writer._stop.wait(args.seconds)

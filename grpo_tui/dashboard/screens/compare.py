@@ -17,7 +17,8 @@ from textual.screen import Screen
 from textual.widgets import Footer, Header, Static
 
 from grpo_tui.dashboard.compare import ComparisonTable, compare_runs
-from grpo_tui.dashboard.state import PEAK_MIB, downsample, load_run
+from grpo_tui.dashboard.loading import load_run
+from grpo_tui.dashboard.state import PEAK_MIB, downsample
 from grpo_tui.dashboard.widgets.bars import mib
 from grpo_tui.dashboard.widgets.braille import Series
 from grpo_tui.dashboard.widgets.metric_chart import MetricChart

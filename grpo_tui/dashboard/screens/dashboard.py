@@ -29,9 +29,9 @@ from grpo_tui.dashboard.widgets.log_tail import LogTail
 from grpo_tui.dashboard.widgets.loss_impl_toggle import LossImplToggle
 from grpo_tui.dashboard.widgets.metric_chart import MetricChart
 from grpo_tui.dashboard.widgets.phase_peaks import PhasePeaks
-from grpo_tui.dashboard.widgets.progress_panel import STATE_STYLES, ProgressPanel
+from grpo_tui.dashboard.widgets.progress_panel import ProgressPanel
 from grpo_tui.dashboard.widgets.reward_chart import RewardChart
-from grpo_tui.runs.listing import LIVE_STATES
+from grpo_tui.runs.status import LIVE_STATES, status_style
 
 # Seconds between polls of a run that has ended (its files no longer change; the monitor still samples).
 ENDED_POLL_S = 2.0
@@ -189,7 +189,7 @@ class DashboardScreen(Screen[None]):
             ("preset ", "dim"),
             (view.preset or "?", "bold cyan"),
             "  ",
-            (f"● {view.status}", STATE_STYLES.get(view.status, "bold")),
+            (f"● {view.status}", status_style(view.status, badge=True)),
             ("   stop requested" if view.stop_requested and view.status in LIVE_STATES else "", "yellow"),
             (f"   ⚠ {alerts} alert kind(s)" if alerts else "   ✓ no alerts", "yellow" if alerts else "green"),
             ("   loading the full history…" if view.partial else "", "dim"),

@@ -8,15 +8,7 @@ from textual.widgets import Static
 
 from grpo_tui.dashboard.feed import ProgressInfo
 from grpo_tui.dashboard.widgets.bars import bar
-
-STATE_STYLES = {
-    "running": "bold green",
-    "starting": "bold cyan",
-    "finished": "bold blue",
-    "failed": "bold red",
-    "stopped": "bold yellow",
-    "submitted": "cyan",
-}
+from grpo_tui.runs.status import RunStatus, status_style
 
 
 def duration(seconds: float | None) -> str:
@@ -38,7 +30,7 @@ class ProgressPanel(Static):
         total = info.max_steps or 0
         frac = info.step / total if total else 0.0
         head = Text.assemble(
-            (f"● {info.state}", STATE_STYLES.get(info.state, "bold")),
+            (f"● {info.state}", status_style(info.state, badge=True)),
             "  step ",
             (f"{info.step}", "bold"),
             f"/{total or '?'}  ",
@@ -50,7 +42,7 @@ class ProgressPanel(Static):
             ("elapsed ", "dim"),
             duration(info.elapsed_s),
             ("   ETA ", "dim"),
-            (duration(info.eta_s) if info.state == "running" else "—", "bold"),
+            (duration(info.eta_s) if info.state == RunStatus.RUNNING else "—", "bold"),
             ("   steps/s ", "dim"),
             speed,
         )

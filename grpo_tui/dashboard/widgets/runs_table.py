@@ -12,17 +12,8 @@ from textual.message import Message
 from textual.widgets import DataTable
 
 from grpo_tui.dashboard.runs_location import runs_location
-from grpo_tui.dashboard.state import RunInfo, scan_runs
-
-STATUS_STYLES = {
-    "running": "bold green",
-    "starting": "bold cyan",
-    "finished": "blue",
-    "failed": "bold red",
-    "stopped": "yellow",
-    "lost": "red",
-    "submitted": "cyan",
-}
+from grpo_tui.runs.listing import RunInfo, scan_runs
+from grpo_tui.runs.status import status_style
 
 
 class RunsTable(DataTable):
@@ -78,7 +69,7 @@ class RunsTable(DataTable):
             self._mark_cell(run.path),
             run.name,
             run.preset,
-            Text(run.status, STATUS_STYLES.get(run.status, "")),
+            Text(run.status, status_style(run.status)),
             str(run.steps),
             reward,
             run.loss_impl or "—",

@@ -1,0 +1,183 @@
+"""A run's status: the one judgement from run.json, the run's processes and its metrics stream.
+
+`grpo-tui runs`, `grpo-tui control`, the app's runs list and its dashboard all ask `judge`, so they
+can never disagree about one run. The rules, in order:
+
+- run.json says submitted (`grpo-tui slurm`): its ranks run on other hosts, so no local process
+  tells; "submitted" while the stream is empty, then what the stream's last records say.
+- run.json records an outcome (finished / failed / stopped, written by the supervisor): that.
+- otherwise (said starting / running, or no run.json: a trainer started by hand) a live process
+  (the supervisor `pid`, the trainer `child_pid`, else a rank named by the stream's start event)
+  means the run goes on; with none alive the stream's last events tell how it ended, and a stream
+  without an end is "lost" (crashed or killed without a last record), after a short grace for a
+  run.json that says starting before its supervisor recorded a pid.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from enum import StrEnum
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import psutil
+
+from grpo_tui.runs.failures import event_reason
+from grpo_tui.runs.folder import read_json
+from grpo_tui.runs.metrics import as_float, start_event, tail_records
+
+
+class RunStatus(StrEnum):
+    """A run's state; a str, so it prints, compares and serialises as its value."""
+
+    SUBMITTED = "submitted"  # handed to a batch system; its stream has no record yet
+    STARTING = "starting"  # the supervisor is preparing the trainer
+    RUNNING = "running"
+    FINISHED = "finished"
+    FAILED = "failed"
+    STOPPED = "stopped"  # on request (a graceful stop or a kill)
+    LOST = "lost"  # said active, but no process of it lives and its stream has no end
+
+
+# States in which a process of the run should be alive: the app polls it fast and offers stop / switch.
+LIVE_STATES = frozenset({RunStatus.STARTING, RunStatus.RUNNING})
+# Recorded outcomes: nothing reads control requests any more.
+ENDED_STATES = frozenset({RunStatus.FINISHED, RunStatus.FAILED, RunStatus.STOPPED})
+# Seconds a run.json may say "starting" without a pid before the run counts as lost.
+STARTING_GRACE_S = 30.0
+# Slack (s) between run.json's start time and the process's create time before a pid counts as reused.
+PID_REUSE_SLACK_S = 5.0
+
+# Colour of each state wherever it is drawn (rich colour names): the runs list and the dashboard's badge.
+STATUS_COLOURS: dict[str, str] = {
+    RunStatus.RUNNING: "green",
+    RunStatus.STARTING: "cyan",
+    RunStatus.SUBMITTED: "cyan",
+    RunStatus.FINISHED: "blue",
+    RunStatus.FAILED: "red",
+    RunStatus.STOPPED: "yellow",
+    RunStatus.LOST: "red",
+}
+# States a list draws bold (they want attention); a badge is always bold.
+EMPHASISED = frozenset({RunStatus.RUNNING, RunStatus.STARTING, RunStatus.FAILED})
+
+
+class StatusVerdict(NamedTuple):
+    state: RunStatus
+    reason: str | None  # one line: why it failed / was lost (None when there is nothing to say)
+
+
+def status_style(state: str, badge: bool = False) -> str:
+    """The rich style of a state: its colour, bold in a badge or when the state wants attention."""
+    parts = ("bold" if badge or state in EMPHASISED else "", STATUS_COLOURS.get(state, ""))
+    return " ".join(part for part in parts if part)
+
+
+def judge(
+    run_dir: str | Path,
+    meta: dict[str, Any] | None = None,
+    tail: list[dict[str, Any]] | None = None,
+    now: float | None = None,
+) -> StatusVerdict:
+    """The state of a run folder (see the module's rules).
+
+    Args:
+        run_dir: The run folder.
+        meta: Its run.json when the caller has read it already (else read here).
+        tail: The records at the end of its metrics.jsonl (`tail_records`) when read already.
+        now: The time (for the starting grace); time.time() by default.
+    """
+    root = Path(run_dir)
+    metrics = root / "metrics.jsonl"
+    meta = (read_json(root / "run.json") or {}) if meta is None else meta
+    tail = tail_records(metrics) if tail is None else tail
+    recorded = _recorded(meta)
+    if recorded is RunStatus.SUBMITTED:
+        return stream_verdict(tail) if tail else StatusVerdict(RunStatus.SUBMITTED, None)
+    if recorded in ENDED_STATES:
+        reason = meta.get("reason")
+        return StatusVerdict(recorded, reason if isinstance(reason, str) and reason else None)
+    if processes_alive(meta, metrics):
+        return StatusVerdict(recorded or RunStatus.RUNNING, None)
+    verdict = stream_verdict(tail)
+    if verdict.state is not RunStatus.RUNNING:
+        return verdict  # the trainer recorded its end, the supervisor did not (killed after it)
+    created = as_float(meta.get("created"))
+    clock = time.time() if now is None else now
+    if recorded is RunStatus.STARTING and created is not None and clock - created < STARTING_GRACE_S:
+        return StatusVerdict(RunStatus.STARTING, None)  # the supervisor has not recorded its pid yet
+    if "pid" in meta:
+        return StatusVerdict(RunStatus.LOST, "the supervisor process is gone (killed or crashed)")
+    return StatusVerdict(RunStatus.LOST, "no process of the run is alive and its stream has no end")
+
+
+def _recorded(meta: dict[str, Any]) -> RunStatus | None:
+    """run.json's state, or None when absent or not one the supervisor writes."""
+    try:
+        state = RunStatus(str(meta.get("status") or meta.get("state") or ""))
+    except ValueError:
+        return None
+    return None if state is RunStatus.LOST else state  # "lost" is a judgement, never recorded
+
+
+def stream_verdict(records: Iterable[dict[str, Any]]) -> StatusVerdict:
+    """What the stream's records say: `stream_status`, with the failure's one line when it failed."""
+    events = [(str(r["event"]), r) for r in records if "event" in r]
+    state = stream_status(events)
+    reasons = [event_reason(fields) for _, fields in events] if state is RunStatus.FAILED else []
+    return StatusVerdict(state, next((r for r in reversed(reasons) if r), None))
+
+
+def stream_status(events: Iterable[tuple[str, dict[str, Any]]]) -> RunStatus:
+    """From (kind, fields) of a run's events: failed (error / oom), stopped (a finish after a stop
+    request, or saying stopped), finished, or running (no end yet)."""
+    events = list(events)
+    kinds = {kind for kind, _ in events}
+    if kinds & {"error", "oom"}:
+        return RunStatus.FAILED
+    finish = [fields for kind, fields in events if kind == "finish"]
+    if finish:
+        stopped = "stop_requested" in kinds or finish[-1].get("stopped") is True
+        return RunStatus.STOPPED if stopped else RunStatus.FINISHED
+    return RunStatus.RUNNING
+
+
+def processes_alive(meta: dict[str, Any], metrics: Path) -> bool:
+    """Whether the supervisor or the trainer recorded in run.json runs; without a recorded supervisor
+    (a trainer started by hand), whether a rank listed by the stream's start event runs."""
+    started = as_float(meta.get("started"))
+    if pid_alive(meta.get("pid"), as_float(meta.get("pid_started")), started):
+        return True
+    if pid_alive(meta.get("child_pid"), as_float(meta.get("child_started")), started):
+        return True
+    if isinstance(meta.get("pid"), int):
+        return False
+    start = start_event(metrics)
+    if start is None:
+        return False
+    ranks = start.get("ranks") if isinstance(start.get("ranks"), list) else [start]
+    when = as_float(start.get("time"))
+    return any(pid_alive(r.get("pid"), None, when) for r in ranks if isinstance(r, dict))
+
+
+def pid_alive(pid: Any, identity: float | None = None, started: float | None = None) -> bool:
+    """True when `pid` runs (not a zombie) and is the process meant, not a later one reusing the id.
+
+    Args:
+        pid: The process id.
+        identity: Its recorded create time (run.json's `pid_started`): must match within 1 s.
+        started: Else, a time it was known to run (run.json's `started`): it must have been created by then.
+    """
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0 or not psutil.pid_exists(pid):
+        return False
+    try:
+        proc = psutil.Process(pid)
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return False
+        created = proc.create_time()
+    except (psutil.Error, OSError):
+        return False
+    if identity is not None:
+        return abs(created - identity) < 1.0
+    return started is None or created <= started + PID_REUSE_SLACK_S
