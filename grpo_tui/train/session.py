@@ -164,6 +164,7 @@ class TrainingSession:
 
 
 def _step_boundary_callback(session: TrainingSession) -> Any:
+    # The class is made here so that importing this module (and the entry) does not import transformers
     from transformers import TrainerCallback
 
     class StepBoundary(TrainerCallback):
