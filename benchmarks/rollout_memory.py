@@ -48,7 +48,7 @@ def child(preset_name: str, rollout: int, overrides: list[str]) -> dict[str, Any
 
     from grpo_tui.config.store import load_preset
     from grpo_tui.runs.folder import RunDir
-    from grpo_tui.train.entry import build_trainer
+    from grpo_tui.train.assemble import build_trainer
     from grpo_tui.train.phase_memory import MIB, _rss_mib
 
     preset, _ = load_preset(

@@ -13,6 +13,7 @@ import tomli_w
 from grpo_tui.runs.folder import RunDir, write_json_atomic
 from grpo_tui.runs.metrics import read_records, step_records
 from grpo_tui.train import entry
+from grpo_tui.train.assemble import build_trainer
 
 TINY_PRESET = Path(__file__).resolve().parents[1] / "presets" / "tiny-cpu.toml"
 # fp32 on the CPU: the three implementations differ only in summation order (~1e-7 relative); the
@@ -259,7 +260,7 @@ def _trainer(tiny_model_path: Path, tmp_path: Path, name: str, **grpo: Any) -> A
         tmp_path, name, grpo={"max_steps": 2, "per_device_batch_size": 8, "num_generations": 4, "beta": 0.1, **grpo}
     )
     preset = Preset.model_validate(tomllib.loads(run.config.read_text()))
-    return entry.build_trainer(preset, run)
+    return build_trainer(preset, run)
 
 
 def _batch_sizes(module: Any, grad: bool | None = None) -> list[int]:

@@ -88,7 +88,7 @@ def run_probe(preset: Any, baseline: str) -> tuple[list[ImplResult], str]:
     import torch
 
     from grpo_tui.runs.folder import RunDir
-    from grpo_tui.train.entry import build_trainer
+    from grpo_tui.train.assemble import build_trainer
 
     cuda = torch.cuda.is_available()
     preset = preset.model_copy(deep=True)

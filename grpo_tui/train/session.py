@@ -1,0 +1,183 @@
+"""One training run's session: the start/step/event records and the control plane at step boundaries.
+
+Only the main process writes RUN/metrics.jsonl and RUN/completions.jsonl:
+    start     once, listing every rank's {rank, local_rank, pid, device} (gathered from all ranks), so the
+              dashboard can map PIDs to GPUs;
+    step      records as runs/metrics.py documents (memory: every rank's GPUs, phase peaks = max over ranks);
+    loss_impl_switch / stop_requested / control_error  from control.json, read by rank 0 at each step
+              boundary and broadcast, so every rank acts on the same request at the same step;
+    finish    when training ends (finished or stopped on request).
+SIGINT asks for a stop at the next step boundary, like `{"stop": true}`; a second SIGINT interrupts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from typing import Any
+
+from grpo_tui.config.schema import Preset
+from grpo_tui.runs.folder import RunDir
+from grpo_tui.runs.metrics import MetricsWriter
+from grpo_tui.train.assemble import build_trainer
+from grpo_tui.train.control import ControlDecision, ControlReader
+
+
+class TrainingSession:
+    """One run: builds the trainer, writes the start/step/event records, acts on control requests."""
+
+    def __init__(self, preset: Preset, run: RunDir, writer: MetricsWriter | None, state: Any) -> None:
+        self.preset, self.run_dir, self.writer, self.state = preset, run, writer, state
+        self.trainer: Any = None
+        self.stop_reason: str | None = None
+        self._sigint = False
+        self._last_reward: dict[str, float] = {}
+        self._completions = open(run.completions, "a", encoding="utf-8") if writer is not None else None
+        self._control = ControlReader(run.control)
+
+    @property
+    def phases(self) -> Any:
+        return self.trainer.phases if self.trainer is not None else None
+
+    @property
+    def step(self) -> int:
+        return self.trainer.state.global_step if self.trainer is not None else 0
+
+    def memory_now(self) -> dict[str, Any]:
+        phases = self.phases
+        return phases.snapshot(dict(phases.peaks)) if phases is not None else {}
+
+    def run(self) -> None:
+        """Train to the end (or to a requested stop); failures propagate to the entry's report."""
+        from accelerate.utils import gather_object
+
+        me = {
+            "rank": self.state.process_index,
+            "local_rank": self.state.local_process_index,
+            "pid": os.getpid(),
+            "device": str(self.state.device),
+        }
+        ranks = gather_object([me]) if self.state.use_distributed else [me]
+        self._event(
+            "start",
+            preset=self.preset.name,
+            run=self.run_dir.name,
+            ranks=ranks,
+            num_processes=self.state.num_processes,
+            loss_impl=self.preset.loss.impl,
+            max_steps=self.preset.grpo.max_steps,
+        )
+        previous = signal.signal(signal.SIGINT, self._on_sigint)
+        try:
+            self.trainer = build_trainer(
+                self.preset,
+                self.run_dir,
+                callbacks=[_step_boundary_callback(self)],
+                on_step_logged=self._on_step_logged,
+            )
+            self.trainer.train()
+        finally:
+            signal.signal(signal.SIGINT, previous)
+            if self._completions is not None:
+                self._completions.close()
+        self._event("finish", step=self.step, stopped=self.stop_reason is not None)
+
+    def _on_sigint(self, signum: int, frame: Any) -> None:
+        # First Ctrl-C: stop at the next step boundary; a second one interrupts at once.
+        self._sigint = True
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    def _on_step_logged(self, trainer: Any, logs: dict[str, Any]) -> None:
+        from accelerate.utils import gather_object
+
+        from grpo_tui.train.phase_memory import merge_snapshots
+
+        snapshot = trainer.phases.snapshot(trainer.phases.take_step())
+        snapshots = gather_object([snapshot]) if self.state.use_distributed else [snapshot]
+        if self.writer is None:
+            return
+        record = {"step": trainer.state.global_step, **logs, "loss_impl": trainer.impl_of_step}
+        # TRL logs rewards only on steps that generate; with num_iterations > 1 a step trains on the previous
+        # generation batch again, so its record repeats that batch's reward (every record has one).
+        for key in ("reward", "reward_std"):
+            if record.get(key) is None and key in self._last_reward:
+                record[key] = self._last_reward[key]
+            elif record.get(key) is not None:
+                self._last_reward[key] = record[key]
+        record["memory"] = merge_snapshots(snapshots)
+        self.writer.write(record)
+        self._write_completions(trainer)
+
+    def _write_completions(self, trainer: Any) -> None:
+        keep = self.preset.logging.completions_per_step
+        logs = trainer._logs  # TRL's record of the last generation batch (gathered across ranks)
+        if not keep or self._completions is None or not logs["prompt"]:
+            return
+        prompts, completions, advantages = list(logs["prompt"]), list(logs["completion"]), list(logs["advantages"])
+        rewards = {name: list(values) for name, values in logs["rewards"].items()}
+        for i in range(min(keep, len(prompts))):
+            row = {
+                "step": trainer.state.global_step,
+                "prompt": prompts[i],
+                "completion": completions[i],
+                "rewards": {name: values[i] for name, values in rewards.items() if i < len(values)},
+                "advantage": advantages[i] if i < len(advantages) else None,
+            }
+            self._completions.write(json.dumps(row, default=str) + "\n")
+        self._completions.flush()
+
+    def at_step_boundary(self, control: Any) -> None:
+        """Read control.json on rank 0, broadcast, and act on it on every rank."""
+        from accelerate.utils import broadcast_object_list
+
+        from grpo_tui.train.trainer import LossImplError
+
+        decision = self._control.poll() if self.state.is_main_process else ControlDecision()
+        sigint = self._sigint and self.stop_reason is None
+        if self.state.use_distributed:
+            decision, sigint = broadcast_object_list([decision, sigint], from_process=0)
+        step = self.step
+        if decision.error:
+            self._event("control_error", step=step, message=decision.error)
+        if decision.loss_impl and decision.loss_impl != self.trainer.loss_impl:
+            try:
+                previous = self.trainer.switch_loss_impl(decision.loss_impl)
+                self._event(
+                    "loss_impl_switch",
+                    step=step,
+                    **{"from": previous, "to": decision.loss_impl},
+                    request_id=decision.request_id,
+                )
+            except LossImplError as exc:
+                self._event("control_error", step=step, message=str(exc))
+        if (decision.stop or sigint) and self.stop_reason is None:
+            self.stop_reason = "sigint" if sigint and not decision.stop else "control"
+            control.should_training_stop = True
+            if self.preset.logging.save_steps > 0:
+                control.should_save = True
+            self._event("stop_requested", step=step, source=self.stop_reason, request_id=decision.request_id)
+
+    def _event(self, name: str, **fields: Any) -> None:
+        if self.writer is not None:
+            self.writer.event(name, **fields)
+
+
+def _step_boundary_callback(session: TrainingSession) -> Any:
+    # The class is made here so that importing this module (and the entry) does not import transformers
+    from transformers import TrainerCallback
+
+    class StepBoundary(TrainerCallback):
+        """Optimizer-phase memory and control.json at each optimizer step boundary."""
+
+        def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            session.trainer.phases.begin("optimizer")
+
+        def on_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            session.trainer.phases.end("optimizer")
+
+        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+            session.at_step_boundary(control)
+            return control
+
+    return StepBoundary()
