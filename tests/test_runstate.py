@@ -370,3 +370,27 @@ def test_live_writer_appends_valid_steps(tmp_path: Path) -> None:
     assert len(state) >= 10
     assert list(state.steps) == list(range(1, len(state) + 1))
     assert state.series(TOKENS_PER_S)[0]  # live records carry num_tokens and step_time
+
+
+@pytest.mark.parametrize("old_order", [False, True])
+def test_the_current_implementation_never_flips_back(old_order: bool) -> None:
+    """Issue 15 item 1: record by record the dashboard's implementation went naive -> chunked -> naive.
+
+    The trainer now writes the switch after the last old-impl record and names the first new-impl step;
+    streams written before that (event first, naming the step whose record still says chunked) must
+    not flip either.
+    """
+    event = {"event": "loss_impl_switch", "step": 5, "from": "chunked", "to": "naive"}
+    old, new = _step(4 + old_order, loss_impl="chunked"), _step(5 + old_order, loss_impl="naive")
+    stream = (
+        [_step(3, loss_impl="chunked"), event, old, new]
+        if old_order
+        else [_step(3, loss_impl="chunked"), old, event, new]
+    )
+    state, seen = RunState(loss_impl="chunked"), []
+    for record in stream:
+        state.apply([record])
+        seen.append(state.loss_impl)
+    first_naive = seen.index("naive")
+    assert seen[first_naive:] == ["naive"] * (len(seen) - first_naive), seen
+    assert state.switch_steps == [5]

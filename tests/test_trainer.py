@@ -85,7 +85,12 @@ def test_switch_and_malformed_control(tiny_model_path: Path, tmp_path: Path, imp
     assert code == 0
     assert [r["loss_impl"] for r in steps] == ["chunked", "naive", "naive", "naive"]
     switches = [e for e in events if e["event"] == "loss_impl_switch"]
-    assert switches == [{**switches[0], "step": 1, "from": "chunked", "to": "naive"}]
+    # The event names the first step computed with the new implementation, and comes after the
+    # record of the step before it: a reader never sees the implementation flip back (issue 15 item 1).
+    assert switches == [{**switches[0], "step": 2, "from": "chunked", "to": "naive"}]
+    order = [(r.get("event") or "step", r.get("step"), r.get("loss_impl")) for r in read_records(run.metrics)]
+    at = order.index(("loss_impl_switch", 2, None))
+    assert order[at - 1] == ("step", 1, "chunked") and order[at + 1] == ("step", 2, "naive")
     # Same numbers as the unswitched run: the switch changes how, not what, is computed
     for a, b in zip(steps, impl_runs["chunked"], strict=False):
         assert a["loss"] == pytest.approx(b["loss"], rel=REL, abs=ABS)

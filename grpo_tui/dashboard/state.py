@@ -154,6 +154,13 @@ class RunState:
             if record.get("to"):
                 self.loss_impl = str(record["to"])
 
+    def _last_switch(self) -> tuple[int, str] | None:
+        """(step, to) of the newest loss_impl_switch event with both fields."""
+        for event in reversed(self.events):
+            if event.kind == "loss_impl_switch" and event.step is not None and event.data.get("to"):
+                return event.step, str(event.data["to"])
+        return None
+
     def _map_pids(self, record: dict[str, Any]) -> None:
         entries = record.get("ranks") if isinstance(record.get("ranks"), list) else [record]
         for entry in entries:
@@ -180,8 +187,14 @@ class RunState:
         self._apply_memory(recs, n0)
         self._derive_tokens_per_s(n0)
         self.step_impls.extend(str(r.get("loss_impl", "")) for r in recs)
-        if self.step_impls[-1]:
-            self.loss_impl = self.step_impls[-1]
+        # A switch event names the first step computed with the new implementation and follows the
+        # last old-impl record. Streams written before that rule put the event before that record (and
+        # named its step): a record up to the switch's step that still carries the old implementation
+        # is from before the switch, so it does not flip the current implementation back.
+        last, switch = self.step_impls[-1], self._last_switch()
+        stale = switch is not None and recs[-1]["step"] <= switch[0] and last != switch[1]
+        if last and not stale:
+            self.loss_impl = last
         times = self._cols.get("time")
         if times is not None:
             last = times[-1]

@@ -6,6 +6,9 @@ Only the main process writes RUN/metrics.jsonl and RUN/completions.jsonl:
     step      records as runs/metrics.py documents (memory: every rank's GPUs, phase peaks = max over ranks);
     loss_impl_switch / stop_requested / control_error  from control.json, read by rank 0 at each step
               boundary and broadcast, so every rank acts on the same request at the same step;
+              written AFTER the record of the step that just ended. A switch names the first step computed
+              with the new implementation (that step's record carries it), so a reader taking the newest of
+              "last step record" and "last switch event" never sees the implementation flip back;
     finish    when training ends (finished or stopped on request).
 SIGINT asks for a stop at the next step boundary, like `{"stop": true}`; a second SIGINT interrupts.
 """
@@ -35,6 +38,8 @@ class TrainingSession:
         self._last_reward: dict[str, float] = {}
         self._completions = open(run.completions, "a", encoding="utf-8") if writer is not None else None
         self._control = ControlReader(run.control)
+        # Events decided at a step boundary wait for that step's record (see the module docstring)
+        self._pending: list[tuple[str, dict[str, Any]]] = []
 
     @property
     def phases(self) -> Any:
@@ -81,6 +86,7 @@ class TrainingSession:
             signal.signal(signal.SIGINT, previous)
             if self._completions is not None:
                 self._completions.close()
+        self._flush_pending()
         self._event("finish", step=self.step, stopped=self.stop_reason is not None)
 
     def _on_sigint(self, signum: int, frame: Any) -> None:
@@ -96,6 +102,7 @@ class TrainingSession:
         snapshot = trainer.phases.snapshot(trainer.phases.take_step())
         snapshots = gather_object([snapshot]) if self.state.use_distributed else [snapshot]
         if self.writer is None:
+            self._pending.clear()  # only the main process writes events
             return
         record = {"step": trainer.state.global_step, **logs, "loss_impl": trainer.impl_of_step}
         # TRL logs rewards only on steps that generate; with num_iterations > 1 a step trains on the previous
@@ -107,6 +114,7 @@ class TrainingSession:
                 self._last_reward[key] = record[key]
         record["memory"] = merge_snapshots(snapshots)
         self.writer.write(record)
+        self._flush_pending()
         self._write_completions(trainer)
 
     def _write_completions(self, trainer: Any) -> None:
@@ -139,24 +147,29 @@ class TrainingSession:
             decision, sigint = broadcast_object_list([decision, sigint], from_process=0)
         step = self.step
         if decision.error:
-            self._event("control_error", step=step, message=decision.error)
+            self._pending.append(("control_error", {"step": step, "message": decision.error}))
         if decision.loss_impl and decision.loss_impl != self.trainer.loss_impl:
             try:
                 previous = self.trainer.switch_loss_impl(decision.loss_impl)
-                self._event(
-                    "loss_impl_switch",
-                    step=step,
-                    **{"from": previous, "to": decision.loss_impl},
-                    request_id=decision.request_id,
-                )
+                fields = {"step": step + 1, "from": previous, "to": decision.loss_impl}
+                self._pending.append(("loss_impl_switch", {**fields, "request_id": decision.request_id}))
             except LossImplError as exc:
-                self._event("control_error", step=step, message=str(exc))
+                self._pending.append(("control_error", {"step": step, "message": str(exc)}))
         if (decision.stop or sigint) and self.stop_reason is None:
             self.stop_reason = "sigint" if sigint and not decision.stop else "control"
             control.should_training_stop = True
             if self.preset.logging.save_steps > 0:
                 control.should_save = True
-            self._event("stop_requested", step=step, source=self.stop_reason, request_id=decision.request_id)
+            fields = {"step": step, "source": self.stop_reason, "request_id": decision.request_id}
+            self._pending.append(("stop_requested", fields))
+        # DefaultFlowCallback (first in the list) has decided by now whether this step gets a record.
+        if not control.should_log:
+            self._flush_pending()
+
+    def _flush_pending(self) -> None:
+        for name, fields in self._pending:
+            self._event(name, **fields)
+        self._pending.clear()
 
     def _event(self, name: str, **fields: Any) -> None:
         if self.writer is not None:
