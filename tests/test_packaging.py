@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import sysconfig
 import tomllib
 import zipfile
 from pathlib import Path
@@ -110,10 +111,18 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
     (wheel,) = (root / "dist").glob("grpo_tui-*.whl")
 
     venv = root / "venv"
-    # --system-site-packages: torch, textual etc. come from here; the venv's own site-packages comes first on
-    # sys.path, ahead of any editable grpo-tui installed system-wide (whose finder is last on sys.meta_path).
+    # The dependencies (torch, textual, ...) come from the system site-packages and, when the tests run in a
+    # venv, from that venv's site-packages, added by a .pth line after the new venv's own: so the wheel's
+    # copy comes first on sys.path, ahead of any editable grpo-tui (whose finders sit last on sys.meta_path,
+    # and whose .pth files in a folder added this way are never run).
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(venv)], check=True)
     python = venv / "bin" / "python"
+    if sys.prefix != sys.base_prefix:
+        venv_site = subprocess.check_output(
+            [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], text=True
+        ).strip()
+        ours = dict.fromkeys(sysconfig.get_paths()[key] for key in ("purelib", "platlib"))
+        (Path(venv_site) / "test-deps.pth").write_text("\n".join(ours) + "\n")
     # --ignore-installed: the editable grpo-tui of the same version seen through the system site-packages
     # would otherwise count as already installed.
     install = subprocess.run(
@@ -164,8 +173,9 @@ def test_installed_wheel_is_what_runs_not_the_repo(installed: Installed) -> None
 @pytest.mark.slow
 def test_installed_cli_lists_and_shows_the_builtin_presets(installed: Installed) -> None:
     listed = run_installed(installed, str(installed.bin / "grpo-tui"), "presets", "list")
+    rows = {line.split()[0]: line.split()[1] for line in listed.splitlines() if len(line.split()) > 1}
     for path in (REPO / "presets").glob("*.toml"):
-        assert f"{path.stem} " in listed and "built-in" in listed, f"{path.stem} not listed:\n{listed}"
+        assert rows.get(path.stem) == "built-in", f"{path.stem} not listed as built-in:\n{listed}"
     assert str(installed.venv.resolve()) in listed  # the built-in folder shown is the installed one
 
     shown = run_installed(installed, str(installed.bin / "grpo-tui"), "presets", "show", "tiny-cpu")
