@@ -13,6 +13,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from grpo_tui.config.cli_args import add_set_option
+
 
 class Passthrough(NamedTuple):
     """A subcommand implemented elsewhere: its module and function (given the rest of argv), and its help line."""
@@ -76,7 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = sub.add_parser("run", help="start a preset (name from `presets list` or a .toml path)")
     run.add_argument("preset", help="preset name or path to a .toml file")
-    _add_set(run)
+    add_set_option(run)
     run.add_argument("--headless", action="store_true", help="progress lines instead of the app")
     run.add_argument("--detach", action="store_true", help="start in the background and print the run folder")
     run.add_argument("--runs-dir", type=Path, help="parent folder of run folders (default: logging.runs_dir)")
@@ -88,7 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     plist.set_defaults(handler=_cmd_presets_list)
     show = psub.add_parser("show", help="the resolved preset (defaults filled) and its launch command")
     show.add_argument("preset", help="preset name or path to a .toml file")
-    _add_set(show)
+    add_set_option(show)
     show.set_defaults(handler=_cmd_presets_show)
     validate = psub.add_parser("validate", help="check preset files; exit 2 with one line per problem")
     validate.add_argument("files", nargs="+", help="preset names or .toml files")
@@ -96,7 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
     save = psub.add_parser("save", help="save a preset, with --set changes, as a user preset")
     save.add_argument("name", help="the new preset's name")
     save.add_argument("--from", dest="source", default="tiny-cpu", help="preset to start from (default tiny-cpu)")
-    _add_set(save)
+    add_set_option(save)
     save.add_argument("--force", action="store_true", help="replace a user preset of that name")
     save.set_defaults(handler=_cmd_presets_save)
 
@@ -123,17 +125,6 @@ def build_parser() -> argparse.ArgumentParser:
             sub.add_parser(words[0], help=f"{target.summary} (options: grpo-tui {words[0]} --help)", add_help=False)
     sub.add_parser("bench", help="`bench kernel ...` or `bench memory ...`", add_help=False)
     return parser
-
-
-def _add_set(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a field, TOML value syntax (e.g. grpo.max_steps=5); repeatable",
-    )
 
 
 def _passthrough(argv: list[str]) -> int | None:

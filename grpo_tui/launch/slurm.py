@@ -16,6 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from grpo_tui.config.cli_args import add_set_option
 from grpo_tui.config.schema import Preset
 from grpo_tui.launch.command import build_launch_command, launch_env
 
@@ -88,14 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="grpo-tui slurm", description="Prepare a run folder and an sbatch script for a multi-node SLURM job."
     )
     parser.add_argument("preset", help="preset name or path to a .toml file")
-    parser.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a field, TOML value syntax (e.g. distributed.num_machines=4); repeatable",
-    )
+    add_set_option(parser, example="distributed.num_machines=4")
     parser.add_argument("--runs-dir", type=Path, help="parent folder of run folders, on a filesystem every node sees")
     parser.add_argument("--partition", help="#SBATCH --partition")
     parser.add_argument("--time", help="#SBATCH --time, e.g. 04:00:00")
