@@ -9,7 +9,7 @@ gradient of exactly 0. How it works, per chunk of valid rows (whole sequences un
    Triton kernel; every normaliser is folded into per-token weights computed once from the full mask);
    sequence-level sampling by autograd through the shared loss math on the chunk's whole sequences.
 4. `logits_to_grad` (Triton): the buffer becomes d(loss)/d(logits) in place.
-5. dH_c = dlogits @ W and dW += dlogits^T @ h_c (fp32 accumulator unless `lean`), db += colsum.
+5. dW += dlogits^T @ h_c (fp32 accumulator unless `lean`), db += colsum, dH_c = dlogits @ W.
 The loss value and the metrics come from all log-probs at once, through the same loss math as the
 reference. The returned loss carries the gradients; its backward only scales them by grad_output.
 No logits are recomputed: 3 GEMMs in all, plus two memory-bound passes over each chunk. One host sync per
@@ -54,6 +54,10 @@ def _addmm_acc(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
 
 def _chunk_loop(hidden2d, weight, bias, ids, chunks, *, inv_t, token_grad, seq_grad, want, lean):
     """Run the chunks; returns (logps, entropies, grad_hidden, grad_weight, grad_bias), all over N rows.
+
+    grad_weight and grad_bias come back in their accumulators' dtypes (fp32 for bf16/fp16 weights unless
+    lean): the caller converts them with `_in_weight_dtype` once this frame, and with it every view of the
+    chunk buffers, is gone, so that the weight-sized copy never coexists with the [C, V] buffer.
 
     hidden2d: [N, H]; ids: [N]; chunks: from `rows.plan_chunks`. Rows in no chunk are skipped: their
     log-prob and entropy stay 0 and their rows of grad_hidden exactly 0.
@@ -100,20 +104,22 @@ def _chunk_loop(hidden2d, weight, bias, ids, chunks, *, inv_t, token_grad, seq_g
         if g is None:
             continue
         triton_ops.logits_to_grad(tile, ids_c, lse, g, inv_t)
-        if gh is not None and isinstance(chunk.rows, slice):
-            torch.mm(tile, weight, out=gh[chunk.rows])
-        elif gh is not None:
-            scatter_rows(gh, chunk.rows, torch.mm(tile, weight))  # [n, H] through a temporary
         if gw is not None:
             _addmm_acc(gw, tile.t(), h_c)
         if gb is not None:
             gb += tile.sum(0, dtype=gb.dtype)
-    del buf, hbuf  # free the chunk buffers before the fp32 -> bf16 copy of dW
-    if gw is not None and gw.dtype != weight.dtype:
-        gw = gw.to(weight.dtype)
-    if gb is not None:
-        gb = gb.to(weight.dtype)
+        if gh is not None and isinstance(chunk.rows, slice):
+            torch.mm(tile, weight, out=gh[chunk.rows])
+        elif gh is not None:
+            # dH after dW: the gathered rows h_c are read, so their buffer holds dH_c until the scatter
+            scatter_rows(gh, chunk.rows, torch.mm(tile, weight, out=hbuf[: chunk.size]))  # [n, H]
     return logps, entropies, gh, gw, gb
+
+
+def _in_weight_dtype(grad: torch.Tensor | None, weight: torch.Tensor) -> torch.Tensor | None:
+    # The fp32 accumulator of dW (or db) in the weight's dtype: a new weight-sized tensor, made after the
+    # chunk loop returned so that it never shares the peak with the chunk buffer (+297 MiB at V = 152k)
+    return grad if grad is None or grad.dtype == weight.dtype else grad.to(weight.dtype)
 
 
 class _LossWithGrads(torch.autograd.Function):
@@ -332,6 +338,7 @@ def _fused_linear_grpo_loss(
             want=want,
             lean=lean,
         )
+        gw, gb = _in_weight_dtype(gw, weight), _in_weight_dtype(gb, weight)
         # The loss value and the logged metrics from all log-probs at once: the same code as the reference
         logps, entropies = logps.view(batch, seq), entropies.view(batch, seq)
         loss_tok, stats = per_token_loss(
