@@ -28,15 +28,19 @@ from .rows import Chunk, plan_chunks, scatter_rows
 # Bytes of the reused [C, V] logits buffer that the default chunk size aims at (C = 1536 at V = 152k in bf16):
 # with the fp32 dW accumulator this keeps the extra peak under TRL 1.16's fused head at every batch size
 CHUNK_BUFFER_BYTES = 448 * 2**20
+# The same for scoring (`selective_logprobs`, C = 512 at V = 152k in bf16): with no dW accumulator the buffer
+# is nearly the whole extra peak, and 512-row GEMMs over a 152k vocabulary still fill the GPU
+SCORING_BUFFER_BYTES = 160 * 2**20
 # Bounds of the default chunk size in rows, and its granularity (whole 256-row GEMM tiles)
 MIN_CHUNK, MAX_CHUNK, CHUNK_STEP = 256, 16384, 256
 # `torch.addmm(..., out_dtype=torch.float32)` from bf16/fp16 inputs exists from torch 2.8 on CUDA
 _HAS_OUT_DTYPE = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 8)
 
 
-def default_chunk_tokens(vocab: int, dtype: torch.dtype, lean: bool = False) -> int:
-    """Rows per chunk so that the logits buffer stays near CHUNK_BUFFER_BYTES (half of it when lean)."""
-    budget = CHUNK_BUFFER_BYTES // (2 if lean else 1)
+def default_chunk_tokens(vocab: int, dtype: torch.dtype, lean: bool = False, *, scoring: bool = False) -> int:
+    """Rows per chunk so that the logits buffer stays under CHUNK_BUFFER_BYTES (half of it when lean), or
+    under SCORING_BUFFER_BYTES for scoring."""
+    budget = SCORING_BUFFER_BYTES if scoring else CHUNK_BUFFER_BYTES // (2 if lean else 1)
     rows = budget // (vocab * torch.finfo(dtype).bits // 8) // CHUNK_STEP * CHUNK_STEP
     return max(MIN_CHUNK, min(MAX_CHUNK, rows))
 
@@ -371,7 +375,8 @@ def selective_logprobs(
             skipped (no GEMM work) and get log-prob 0 and entropy 0, as TRL's fused head returns; their ids
             are never read (padding may hold -100). None: every position is scored.
         temperature: logits are divided by it; return_entropy: also return the entropies.
-        chunk_tokens: rows per chunk (default by vocabulary size).
+        chunk_tokens: rows per chunk; default `default_chunk_tokens(V, dtype, scoring=True)`, a smaller
+            chunk than the loss's (no dW accumulator here: the chunk buffer is most of the extra memory).
 
     Returns:
         fp32 log-probs of shape ids.shape (fp64 for fp64 inputs), and the entropies if asked.
@@ -385,7 +390,7 @@ def selective_logprobs(
         None if mask is None else (mask != 0).reshape(-1),
         ids.numel(),
         counts,
-        chunk_tokens or default_chunk_tokens(weight.shape[0], hidden.dtype),
+        chunk_tokens or default_chunk_tokens(weight.shape[0], hidden.dtype, scoring=True),
         whole_sequences=False,
     )
     with torch.autocast(hidden.device.type, enabled=False):

@@ -4,7 +4,7 @@ The loss path's peak is the fp32 dW accumulator plus the [C, V] chunk buffer. At
 accumulator is copied to the weight's dtype (a weight-sized tensor); if the chunk buffer were still alive then
 (a view of it outliving `del buf`, as on d774db5), the peak would grow by that copy: +297 MiB at V = 151,936,
 H = 1,024 in bf16. The tests look at every live tensor at the moment of that copy (`gc` sees each tensor and
-each view; a view keeps its base's storage alive).
+each view; a view keeps its base's storage alive), and count the scoring path's chunk rows by budget.
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ import gc
 import pytest
 import torch
 
-from grpo_kernels import fused_linear_grpo_loss
+from grpo_kernels import default_chunk_tokens, fused_linear_grpo_loss, selective_logprobs
+from grpo_kernels.functional import CHUNK_BUFFER_BYTES, SCORING_BUFFER_BYTES
 
 # Sizes chosen so that no two buffers have the same byte count: chunk buffer C x V x 2 = 48,000 B,
 # weight V x H x 2 = 32,000 B, fp32 accumulator 64,000 B, hidden B x T x H x 2 = 5,120 B
@@ -58,3 +59,32 @@ def test_chunk_buffer_freed_before_the_dw_copy(monkeypatch, mask_kind):
     alive = sorted(n for n in seen[0].values() if n >= chunk_bytes)
     # Only the fp32 accumulator (V x H x 4) may be that large: no chunk buffer, no second weight-sized tensor
     assert alive == [V * H * 4], f"alive at the dW copy: {alive} bytes (chunk buffer {chunk_bytes})"
+
+
+def test_scoring_chunk_is_sized_by_its_own_budget():
+    vocab = 151936  # Qwen's vocabulary in bf16: 1,536 rows (445 MiB) for the loss, 512 (148 MiB) for scoring
+    loss_rows = default_chunk_tokens(vocab, torch.bfloat16)
+    score_rows = default_chunk_tokens(vocab, torch.bfloat16, scoring=True)
+    assert (loss_rows, score_rows) == (1536, 512)
+    assert score_rows * vocab * 2 <= SCORING_BUFFER_BYTES < loss_rows * vocab * 2 <= CHUNK_BUFFER_BYTES
+
+
+def test_selective_logprobs_uses_the_scoring_chunk(monkeypatch):
+    # The chunk buffer selective_logprobs allocates by default: the scoring budget's rows, not the loss's
+    monkeypatch.setattr("grpo_kernels.functional.SCORING_BUFFER_BYTES", 32 * V * 4)
+    monkeypatch.setattr("grpo_kernels.functional.MIN_CHUNK", 1)
+    monkeypatch.setattr("grpo_kernels.functional.CHUNK_STEP", 8)
+    shapes = []
+    empty = torch.empty
+
+    def spy(*args, **kwargs):
+        out = empty(*args, **kwargs)
+        shapes.append(tuple(out.shape))
+        return out
+
+    g = torch.Generator().manual_seed(1)
+    h, w = torch.randn(2, 50, H, generator=g), torch.randn(V, H, generator=g)
+    monkeypatch.setattr(torch, "empty", spy)
+    selective_logprobs(h, w, torch.randint(0, V, (2, 50), generator=g))
+    monkeypatch.undo()
+    assert (32, V) in shapes, f"no 32-row chunk buffer among {shapes}"
