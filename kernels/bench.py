@@ -309,6 +309,12 @@ def add_padded_options(ap: argparse.ArgumentParser) -> None:
         "list of ints, or a run's metrics.jsonl (its completions/mean_length stream gives the mean)",
     )
     ap.add_argument("--scoring", action="store_true", help="padded mode: also time scoring (selective_logprobs)")
+    ap.add_argument(
+        "--scoring-chunks",
+        default="",
+        help="padded mode, with --scoring: also time our scoring at these chunk sizes (providers chunked-c<rows>), "
+        "e.g. 256,512,1536",
+    )
     ap.add_argument("--seed", type=int, default=0, help="padded mode: seed of the length draws and inputs")
 
 

@@ -10,7 +10,8 @@ lengths (drawn from with replacement), or a run's metrics.jsonl, whose per-step 
 Providers, timed as in `bench.measure`: floor (the GEMMs over the valid tokens only), trl (TRL 1.16's fused
 head as its trainer calls it: valid rows only, labels -100 at padding), chunked, chunked-lean, naive
 (materialised logits over every position); loss + backward, and with `--scoring` no-grad scoring (floor:
-the logits GEMM; ours: `selective_logprobs(..., mask=)`; lean is loss-only).
+the logits GEMM; ours: `selective_logprobs(..., mask=)`; lean is loss-only). `--scoring-chunks 256,512,1536`
+also times our scoring at those chunk sizes (providers `chunked-c<rows>`) beside its default.
 """
 
 from __future__ import annotations
@@ -159,6 +160,9 @@ def main(args: argparse.Namespace, argv: list[str] | None) -> int:
         if args.reps <= 0:
             raise ValueError("--reps/--liger-reps: expected a positive integer")
         todo = cases(args)
+        scoring_chunks = bench._int_list(args.scoring_chunks, "--scoring-chunks")
+        if scoring_chunks and not args.scoring:
+            raise ValueError("--scoring-chunks: needs --scoring")
     except (ValueError, OSError) as exc:
         print(str(exc).splitlines()[0], file=sys.stderr)
         return 2
@@ -172,14 +176,18 @@ def main(args: argparse.Namespace, argv: list[str] | None) -> int:
         inp = padded_inputs(lengths, args.seq, args.hidden, args.vocab, seed=args.seed)
         shape = {"batch": len(lengths), "seq": args.seq, "padding_frac": 1 - case["valid_tokens"] / inp["mask"].numel()}
         for mode in modes:
-            for provider in providers:
+            # (name, provider, chunk rows): the scoring sweep times ours again at each of --scoring-chunks
+            runs = [(p, p, args.chunk_tokens) for p in providers]
+            if mode == "scoring" and "chunked" in providers:
+                runs += [(f"chunked-c{c}", "chunked", c) for c in scoring_chunks]
+            for name, provider, chunk in runs:
                 if mode == "scoring" and provider == "chunked-lean":
                     continue  # lean changes only the dW accumulation: scoring has none
-                rec = {"mode": mode, "provider": provider, **case, **shape, "ms": None, "extra_peak_mib": None}
+                rec = {"mode": mode, "provider": name, **case, **shape, "ms": None, "extra_peak_mib": None}
                 if mode == "loss":
-                    make = functools.partial(bench.loss_fn, provider, inp, args.beta, args.chunk_tokens)
+                    make = functools.partial(bench.loss_fn, provider, inp, args.beta, chunk)
                 else:
-                    make = functools.partial(bench.score_fn, provider, inp, args.chunk_tokens)
+                    make = functools.partial(bench.score_fn, provider, inp, chunk)
                 rec.update(reps=args.reps, **bench.timed(make, inp, args.reps))
                 records.append(rec)
                 print(json.dumps(rec), flush=True)

@@ -9,7 +9,7 @@ gradient of exactly 0. How it works, per chunk of valid rows (whole sequences un
    Triton kernel; every normaliser is folded into per-token weights computed once from the full mask);
    sequence-level sampling by autograd through the shared loss math on the chunk's whole sequences.
 4. `logits_to_grad` (Triton): the buffer becomes d(loss)/d(logits) in place.
-5. dH_c = dlogits @ W and dW += dlogits^T @ h_c (fp32 accumulator unless `lean`), db += colsum.
+5. dW += dlogits^T @ h_c (fp32 accumulator unless `lean`), db += colsum, dH_c = dlogits @ W.
 The loss value and the metrics come from all log-probs at once, through the same loss math as the
 reference. The returned loss carries the gradients; its backward only scales them by grad_output.
 No logits are recomputed: 3 GEMMs in all, plus two memory-bound passes over each chunk. One host sync per
@@ -28,15 +28,20 @@ from .rows import Chunk, plan_chunks, scatter_rows
 # Bytes of the reused [C, V] logits buffer that the default chunk size aims at (C = 1536 at V = 152k in bf16):
 # with the fp32 dW accumulator this keeps the extra peak under TRL 1.16's fused head at every batch size
 CHUNK_BUFFER_BYTES = 448 * 2**20
+# The same for scoring (`selective_logprobs`; no dW accumulator, so the buffer is nearly the whole extra peak):
+# C = 768 at V = 152k in bf16 (223 MiB), under TRL 1.16's scoring peak at 4k tokens (264 MiB) and still
+# faster than it; 512 rows (149 MiB) measured 2-10% slower than 768 on the H200, behind TRL at 16k-32k tokens
+SCORING_BUFFER_BYTES = 224 * 2**20
 # Bounds of the default chunk size in rows, and its granularity (whole 256-row GEMM tiles)
 MIN_CHUNK, MAX_CHUNK, CHUNK_STEP = 256, 16384, 256
 # `torch.addmm(..., out_dtype=torch.float32)` from bf16/fp16 inputs exists from torch 2.8 on CUDA
 _HAS_OUT_DTYPE = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 8)
 
 
-def default_chunk_tokens(vocab: int, dtype: torch.dtype, lean: bool = False) -> int:
-    """Rows per chunk so that the logits buffer stays near CHUNK_BUFFER_BYTES (half of it when lean)."""
-    budget = CHUNK_BUFFER_BYTES // (2 if lean else 1)
+def default_chunk_tokens(vocab: int, dtype: torch.dtype, lean: bool = False, *, scoring: bool = False) -> int:
+    """Rows per chunk so that the logits buffer stays under CHUNK_BUFFER_BYTES (half of it when lean), or
+    under SCORING_BUFFER_BYTES for scoring."""
+    budget = SCORING_BUFFER_BYTES if scoring else CHUNK_BUFFER_BYTES // (2 if lean else 1)
     rows = budget // (vocab * torch.finfo(dtype).bits // 8) // CHUNK_STEP * CHUNK_STEP
     return max(MIN_CHUNK, min(MAX_CHUNK, rows))
 
@@ -54,6 +59,10 @@ def _addmm_acc(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
 
 def _chunk_loop(hidden2d, weight, bias, ids, chunks, *, inv_t, token_grad, seq_grad, want, lean):
     """Run the chunks; returns (logps, entropies, grad_hidden, grad_weight, grad_bias), all over N rows.
+
+    grad_weight and grad_bias come back in their accumulators' dtypes (fp32 for bf16/fp16 weights unless
+    lean): the caller converts them with `_in_weight_dtype` once this frame, and with it every view of the
+    chunk buffers, is gone, so that the weight-sized copy never coexists with the [C, V] buffer.
 
     hidden2d: [N, H]; ids: [N]; chunks: from `rows.plan_chunks`. Rows in no chunk are skipped: their
     log-prob and entropy stay 0 and their rows of grad_hidden exactly 0.
@@ -100,20 +109,22 @@ def _chunk_loop(hidden2d, weight, bias, ids, chunks, *, inv_t, token_grad, seq_g
         if g is None:
             continue
         triton_ops.logits_to_grad(tile, ids_c, lse, g, inv_t)
-        if gh is not None and isinstance(chunk.rows, slice):
-            torch.mm(tile, weight, out=gh[chunk.rows])
-        elif gh is not None:
-            scatter_rows(gh, chunk.rows, torch.mm(tile, weight))  # [n, H] through a temporary
         if gw is not None:
             _addmm_acc(gw, tile.t(), h_c)
         if gb is not None:
             gb += tile.sum(0, dtype=gb.dtype)
-    del buf, hbuf  # free the chunk buffers before the fp32 -> bf16 copy of dW
-    if gw is not None and gw.dtype != weight.dtype:
-        gw = gw.to(weight.dtype)
-    if gb is not None:
-        gb = gb.to(weight.dtype)
+        if gh is not None and isinstance(chunk.rows, slice):
+            torch.mm(tile, weight, out=gh[chunk.rows])
+        elif gh is not None:
+            # dH after dW: the gathered rows h_c are read, so their buffer holds dH_c until the scatter
+            scatter_rows(gh, chunk.rows, torch.mm(tile, weight, out=hbuf[: chunk.size]))  # [n, H]
     return logps, entropies, gh, gw, gb
+
+
+def _in_weight_dtype(grad: torch.Tensor | None, weight: torch.Tensor) -> torch.Tensor | None:
+    # The fp32 accumulator of dW (or db) in the weight's dtype: a new weight-sized tensor, made after the
+    # chunk loop returned so that it never shares the peak with the chunk buffer (+297 MiB at V = 152k)
+    return grad if grad is None or grad.dtype == weight.dtype else grad.to(weight.dtype)
 
 
 class _LossWithGrads(torch.autograd.Function):
@@ -332,6 +343,7 @@ def _fused_linear_grpo_loss(
             want=want,
             lean=lean,
         )
+        gw, gb = _in_weight_dtype(gw, weight), _in_weight_dtype(gb, weight)
         # The loss value and the logged metrics from all log-probs at once: the same code as the reference
         logps, entropies = logps.view(batch, seq), entropies.view(batch, seq)
         loss_tok, stats = per_token_loss(
@@ -364,7 +376,8 @@ def selective_logprobs(
             skipped (no GEMM work) and get log-prob 0 and entropy 0, as TRL's fused head returns; their ids
             are never read (padding may hold -100). None: every position is scored.
         temperature: logits are divided by it; return_entropy: also return the entropies.
-        chunk_tokens: rows per chunk (default by vocabulary size).
+        chunk_tokens: rows per chunk; default `default_chunk_tokens(V, dtype, scoring=True)`, a smaller
+            chunk than the loss's (no dW accumulator here: the chunk buffer is most of the extra memory).
 
     Returns:
         fp32 log-probs of shape ids.shape (fp64 for fp64 inputs), and the entropies if asked.
@@ -378,7 +391,7 @@ def selective_logprobs(
         None if mask is None else (mask != 0).reshape(-1),
         ids.numel(),
         counts,
-        chunk_tokens or default_chunk_tokens(weight.shape[0], hidden.dtype),
+        chunk_tokens or default_chunk_tokens(weight.shape[0], hidden.dtype, scoring=True),
         whole_sequences=False,
     )
     with torch.autocast(hidden.device.type, enabled=False):

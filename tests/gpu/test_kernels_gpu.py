@@ -187,3 +187,37 @@ def test_bf16_padded_rows_skipped_match_fp64_reference(level):
     # Other chunk boundaries (sequence level) can pick other GEMM kernels: bf16-logit tolerances
     torch.testing.assert_close(lp[~pad], m.logps[~pad], rtol=0.02, atol=0.05)
     assert (lp[pad] == 0).all()
+
+
+@pytest.mark.parametrize("padding", [0, 50])
+def test_bf16_extra_peak_is_the_accumulator_and_one_chunk(padding):
+    # Qwen's head at 4,096 valid tokens: the loss's extra peak (grads included) is the fp32 dW accumulator +
+    # the [C, V] chunk buffer + hidden.grad, never also the bf16 copy of dW (d774db5 kept a view of the
+    # chunk buffer alive during that copy: +297 MiB); scoring's is its own, smaller chunk buffer
+    from grpo_kernels import default_chunk_tokens
+
+    B, T, H, V, MIB = 8 * 100 // (100 - padding), 512, 1024, 151936, 2**20
+    g = torch.Generator(device="cuda").manual_seed(3)
+    hidden = torch.randn(B, T, H, device="cuda", generator=g).bfloat16().requires_grad_()
+    weight = (torch.randn(V, H, device="cuda", generator=g) * 0.05).bfloat16().requires_grad_()
+    ids = torch.randint(0, V, (B, T), device="cuda", generator=g)
+    mask = torch.ones(B, T, device="cuda", dtype=torch.long)
+    mask[:, T * (100 - padding) // 100 :] = 0
+    adv = torch.randn(B, device="cuda", generator=g)
+
+    def extra_mib(step) -> float:
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        step()
+        torch.cuda.synchronize()
+        return (torch.cuda.max_memory_allocated() - base) / MIB
+
+    loss_mib = extra_mib(lambda: fused_linear_grpo_loss(hidden, weight, ids, mask, adv)[0].backward())
+    chunk = default_chunk_tokens(V, torch.bfloat16)
+    expected = (V * H * 4 + chunk * V * 2 + hidden.numel() * 2) / MIB  # 593.5 + 445.1 + 8 (0% padding)
+    assert expected - 1 < loss_mib < expected + 16, (loss_mib, expected)
+    hidden.grad = weight.grad = None
+    score_mib = extra_mib(lambda: selective_logprobs(hidden.detach(), weight.detach(), ids, mask=mask))
+    score_chunk = default_chunk_tokens(V, torch.bfloat16, scoring=True)
+    assert score_chunk * V * 2 / MIB - 1 < score_mib < score_chunk * V * 2 / MIB + 8, (score_mib, score_chunk)

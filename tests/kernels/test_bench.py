@@ -158,6 +158,10 @@ def test_padded_options_give_one_line_errors(capsys):
     assert "--providers: unknown liger; allowed: floor, trl" in capsys.readouterr().err
     assert bench.main(["--padding", "25", "--valid-tokens", "0"]) == 2
     assert capsys.readouterr().err.startswith("--valid-tokens:")
+    assert bench.main(["--padding", "25", "--scoring-chunks", "512"]) == 2
+    assert capsys.readouterr().err.startswith("--scoring-chunks: needs --scoring")
+    assert bench.main(["--padding", "25", "--scoring", "--scoring-chunks", "0"]) == 2
+    assert capsys.readouterr().err.startswith("--scoring-chunks: expected")
 
 
 def test_padded_providers_agree_on_cpu():
@@ -191,6 +195,8 @@ def test_padded_mode_end_to_end_on_cpu(monkeypatch, tmp_path, capsys):
         "--lengths",
         str(lengths_file),
         "--scoring",
+        "--scoring-chunks",
+        "3,7",
         "--seq",
         "8",
         "--hidden",
@@ -208,8 +214,8 @@ def test_padded_mode_end_to_end_on_cpu(monkeypatch, tmp_path, capsys):
     assert rc == 0
     res = json.loads(out.read_text())
     recs = res["records"]
-    # 2 sizes x (0%, 50%, real) x (5 loss + 4 scoring providers)
-    assert len(recs) == len(calls) == 2 * 3 * 9
+    # 2 sizes x (0%, 50%, real) x (5 loss + 4 scoring providers + ours' scoring at 2 more chunk sizes)
+    assert len(recs) == len(calls) == 2 * 3 * 11
     assert {(r["valid_tokens"], r["padding"]) for r in recs} == {
         (n, p) for n in (16, 24) for p in ("0%", "50%", "real")
     }
@@ -217,6 +223,7 @@ def test_padded_mode_end_to_end_on_cpu(monkeypatch, tmp_path, capsys):
     assert by[("loss", 16, "0%", "floor")]["batch"] == 2 and by[("loss", 16, "0%", "floor")]["padding_frac"] == 0
     assert by[("loss", 24, "50%", "trl")]["padding_frac"] == pytest.approx(0.5, abs=0.1)
     assert ("scoring", 16, "0%", "chunked-lean") not in by
+    assert ("scoring", 24, "real", "chunked-c7") in by and ("loss", 24, "real", "chunked-c7") not in by
     assert all(r["ms"] is not None for r in recs), [r for r in recs if r["ms"] is None]
     for chk in res["checks"]:
         assert chk["chunked"]["grad_hidden_cos"] > 0.99999 and chk["chunked"]["loss_rel_err"] < 1e-5, chk

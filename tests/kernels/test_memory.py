@@ -1,0 +1,90 @@
+"""Which buffers are alive together: the peak memory of a call, checked on CPU without a GPU allocator.
+
+The loss path's peak is the fp32 dW accumulator plus the [C, V] chunk buffer. At the end of a call the
+accumulator is copied to the weight's dtype (a weight-sized tensor); if the chunk buffer were still alive then
+(a view of it outliving `del buf`, as on d774db5), the peak would grow by that copy: +297 MiB at V = 151,936,
+H = 1,024 in bf16. The tests look at every live tensor at the moment of that copy (`gc` sees each tensor and
+each view; a view keeps its base's storage alive), and count the scoring path's chunk rows by budget.
+"""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+import torch
+
+from grpo_kernels import default_chunk_tokens, fused_linear_grpo_loss, selective_logprobs
+from grpo_kernels.functional import CHUNK_BUFFER_BYTES, SCORING_BUFFER_BYTES
+
+# Sizes chosen so that no two buffers have the same byte count: chunk buffer C x V x 2 = 48,000 B,
+# weight V x H x 2 = 32,000 B, fp32 accumulator 64,000 B, hidden B x T x H x 2 = 5,120 B
+B, T, H, V, CHUNK = 4, 20, 16, 1000, 24
+
+
+def _live_storages() -> dict[int, int]:
+    """{data_ptr: nbytes} of the storage under every live tensor (views included)."""
+    out = {}
+    for obj in gc.get_objects():
+        if issubclass(type(obj), torch.Tensor) and not obj.is_meta:  # type(): no __class__ lookups on proxies
+            storage = obj.untyped_storage()
+            out[storage.data_ptr()] = storage.nbytes()
+    return out
+
+
+@pytest.mark.parametrize("mask_kind", ["all", "padded"])
+def test_chunk_buffer_freed_before_the_dw_copy(monkeypatch, mask_kind):
+    g = torch.Generator().manual_seed(0)
+    hidden = torch.randn(B, T, H, generator=g).bfloat16().requires_grad_()
+    weight = (torch.randn(V, H, generator=g) * 0.1).bfloat16().requires_grad_()
+    ids = torch.randint(0, V, (B, T), generator=g)
+    mask = torch.ones(B, T, dtype=torch.int64)
+    if mask_kind == "padded":
+        mask[:, T // 2 :] = 0  # the gathering path: a hidden-row buffer beside the chunk buffer
+    seen = []
+    to = torch.Tensor.to
+
+    def spy(self, *args, **kwargs):
+        # The copy of the fp32 dW accumulator to bf16: what else is alive right now?
+        if self.shape == weight.shape and self.dtype == torch.float32 and torch.bfloat16 in (*args, *kwargs.values()):
+            seen.append(_live_storages())
+        return to(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "to", spy)
+    loss, _ = fused_linear_grpo_loss(hidden, weight, ids, mask, torch.randn(B, generator=g), chunk_tokens=CHUNK)
+    monkeypatch.undo()
+    loss.backward()
+    assert len(seen) == 1, "the dW copy to bf16 was not seen: the test no longer watches the end of the call"
+    chunk_bytes = CHUNK * V * 2
+    alive = sorted(n for n in seen[0].values() if n >= chunk_bytes)
+    # Only the fp32 accumulator (V x H x 4) may be that large: no chunk buffer, no second weight-sized tensor
+    assert alive == [V * H * 4], f"alive at the dW copy: {alive} bytes (chunk buffer {chunk_bytes})"
+
+
+def test_scoring_chunk_is_sized_by_its_own_budget():
+    vocab = 151936  # Qwen's vocabulary in bf16: 1,536 rows (445 MiB) for the loss, 768 (223 MiB) for scoring
+    loss_rows = default_chunk_tokens(vocab, torch.bfloat16)
+    score_rows = default_chunk_tokens(vocab, torch.bfloat16, scoring=True)
+    assert (loss_rows, score_rows) == (1536, 768)
+    assert score_rows * vocab * 2 <= SCORING_BUFFER_BYTES < loss_rows * vocab * 2 <= CHUNK_BUFFER_BYTES
+
+
+def test_selective_logprobs_uses_the_scoring_chunk(monkeypatch):
+    # The chunk buffer selective_logprobs allocates by default: the scoring budget's rows, not the loss's
+    monkeypatch.setattr("grpo_kernels.functional.SCORING_BUFFER_BYTES", 32 * V * 4)
+    monkeypatch.setattr("grpo_kernels.functional.MIN_CHUNK", 1)
+    monkeypatch.setattr("grpo_kernels.functional.CHUNK_STEP", 8)
+    shapes = []
+    empty = torch.empty
+
+    def spy(*args, **kwargs):
+        out = empty(*args, **kwargs)
+        shapes.append(tuple(out.shape))
+        return out
+
+    g = torch.Generator().manual_seed(1)
+    h, w = torch.randn(2, 50, H, generator=g), torch.randn(V, H, generator=g)
+    monkeypatch.setattr(torch, "empty", spy)
+    selective_logprobs(h, w, torch.randint(0, V, (2, 50), generator=g))
+    monkeypatch.undo()
+    assert (32, V) in shapes, f"no 32-row chunk buffer among {shapes}"
