@@ -21,125 +21,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from .functional import fused_linear_grpo_loss, selective_logprobs
-from .loss_math import per_token_loss, token_weights
-from .reference import reference_grpo_loss, reference_logprobs
-
-PROVIDERS = ("floor", "naive", "trl", "liger", "chunked", "chunked-lean")
-MIB = 2**20
-
-
-def make_inputs(batch: int, seq: int, hidden: int, vocab: int, seed: int = 0) -> dict:
-    """bf16 GRPO inputs on CUDA with a Qwen3-0.6B-like head scale (random, never zeros)."""
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    h = torch.randn(batch, seq, hidden, device="cuda", generator=g).bfloat16()
-    w = (torch.randn(vocab, hidden, device="cuda", generator=g) * 0.05).bfloat16()
-    ids = torch.randint(0, vocab, (batch, seq), device="cuda", generator=g)
-    mask = torch.ones(batch, seq, device="cuda", dtype=torch.int64)
-    adv = torch.randn(batch, device="cuda", generator=g)
-    ref = -torch.rand(batch, seq, device="cuda", generator=g) * 5 - 8  # near log(1/V)
-    return dict(hidden=h.requires_grad_(), weight=w.requires_grad_(), ids=ids, mask=mask, adv=adv, ref=ref)
-
-
-def _trl_head(inp: dict) -> tuple[torch.Tensor, ...]:
-    # What TRL 1.16's fused head does in its trainer (`add_fused_lm_head`): labels -100 at padding, only the
-    # valid rows (`hidden[mask]`, a host sync) through ChunkedLogProbFunction, outputs scattered back
-    from trl.kernels import ChunkedLogProbFunction
-    from trl.trainer.utils import _CHUNKED_LOGPROB_CHUNK_SIZE
-
-    labels = inp["ids"].masked_fill(inp["mask"] == 0, -100)
-    valid = labels != -100
-    per_token = ChunkedLogProbFunction.apply(
-        inp["hidden"][valid],
-        inp["weight"],
-        None,
-        labels[valid],
-        1.0,
-        _CHUNKED_LOGPROB_CHUNK_SIZE,
-        None,
-        1.0,
-        ("entropy",),
-    )
-    return tuple(None if x is None else x.new_zeros(valid.shape).masked_scatter(valid, x) for x in per_token[:2])
-
-
-def _trl_fn(inp: dict, beta: float) -> Callable[[], torch.Tensor]:
-    def run() -> torch.Tensor:
-        logps, _ent = _trl_head(inp)
-        loss_tok, _ = per_token_loss(
-            logps,
-            None,
-            inp["ref"],
-            inp["adv"].unsqueeze(1),
-            inp["mask"],
-            beta=beta,
-            epsilon_low=0.2,
-            epsilon_high=0.2,
-            importance_sampling_level="token",
-        )
-        w = token_weights(inp["mask"], "dapo", max_completion_length=None, num_items_in_batch=None, dtype=logps.dtype)
-        return (loss_tok * w).sum()
-
-    return run
-
-
-def _liger_fn(inp: dict, beta: float) -> Callable[[], torch.Tensor]:
-    from liger_kernel.chunked_loss import LigerFusedLinearGRPOLoss
-
-    torch._dynamo.reset()  # Liger's compiled chunk fails its guards on a new shape otherwise
-    mod = LigerFusedLinearGRPOLoss(beta=beta, loss_type="dapo", use_ref_model=True)
-
-    def run() -> torch.Tensor:
-        out = mod(inp["hidden"], inp["weight"], inp["ids"], inp["mask"], inp["adv"], ref_per_token_logps=inp["ref"])
-        return out[0] if isinstance(out, tuple) else out
-
-    return run
-
-
-def _floor_fn(inp: dict, scoring: bool = False) -> Callable[[], None]:
-    # The GEMMs any head must run, over the valid tokens only: logits, and for the loss dH and dW
-    valid = inp["mask"].reshape(-1) != 0
-    h = inp["hidden"].detach().reshape(-1, inp["hidden"].shape[-1])[valid]  # [n_valid, H], outside the timing
-    w = inp["weight"].detach()
-
-    def run() -> None:
-        logits = h @ w.t()  # [N, V]
-        if not scoring:
-            _dh = logits @ w  # [N, H]
-            _dw = logits.t() @ h  # [V, H]
-
-    return run
-
-
-def loss_fn(provider: str, inp: dict, beta: float, chunk_tokens: int | None = None) -> Callable[[], object]:
-    """A closure computing the scalar loss of `provider` on `inp` (call .backward() on it); floor: the GEMMs."""
-    if provider == "floor":
-        return _floor_fn(inp)
-    if provider == "trl":
-        return _trl_fn(inp, beta)
-    if provider == "liger":
-        return _liger_fn(inp, beta)
-    fn = reference_grpo_loss if provider == "naive" else fused_linear_grpo_loss
-    kw = {} if provider == "naive" else {"chunk_tokens": chunk_tokens, "lean": provider == "chunked-lean"}
-    args = (inp["hidden"], inp["weight"], inp["ids"], inp["mask"], inp["adv"])
-    return lambda: fn(*args, ref_logps=inp["ref"], beta=beta, loss_type="dapo", **kw)[0]
-
-
-def score_fn(provider: str, inp: dict, chunk_tokens: int | None = None) -> Callable[[], tuple]:
-    """A closure scoring `inp` without autograd (old/ref log-probs): (log-probs, entropies); floor: the GEMM."""
-    if provider == "floor":
-        return _floor_fn(inp, scoring=True)
-    h, w, ids, mask = inp["hidden"].detach(), inp["weight"].detach(), inp["ids"], inp["mask"]
-
-    @torch.no_grad()
-    def run() -> tuple:
-        if provider == "trl":
-            return _trl_head({**inp, "hidden": h, "weight": w})
-        if provider == "naive":
-            return reference_logprobs(h, w, ids)
-        return selective_logprobs(h, w, ids, mask=mask, return_entropy=True, chunk_tokens=chunk_tokens)
-
-    return run
+from .bench_providers import MIB, PROVIDERS, loss_fn, make_inputs
 
 
 def measure(step: Callable[[], object], inp: dict, reps: int, warmup: int = 2) -> tuple[float, float, float]:
@@ -202,7 +84,7 @@ def profile_chunk(rows: int, hidden: int, vocab: int) -> dict:
     from triton.testing import do_bench
 
     from . import triton_ops
-    from .functional import _addmm_acc
+    from .chunk_loop import addmm_acc
 
     g = torch.Generator(device="cuda").manual_seed(1)
     h = torch.randn(rows, hidden, device="cuda", generator=g).bfloat16()
@@ -232,8 +114,8 @@ def profile_chunk(rows: int, hidden: int, vocab: int) -> dict:
         "finish_rows_grad": lambda: triton_ops.finish_rows(parts, tgt, grad_inputs),
         "logits_to_grad": lambda: triton_ops.logits_to_grad(tile, ids, lse, gvec, 1.0),
         "dh_gemm": lambda: torch.mm(tile, w, out=gh),
-        "dw_gemm_fp32acc": lambda: _addmm_acc(acc32, tile.t(), h),
-        "dw_gemm_bf16acc": lambda: _addmm_acc(acc16, tile.t(), h),
+        "dw_gemm_fp32acc": lambda: addmm_acc(acc32, tile.t(), h),
+        "dw_gemm_bf16acc": lambda: addmm_acc(acc16, tile.t(), h),
         "dw_acc_zero_fill": lambda: acc32.zero_(),
         # The end of a call: cast fp32 dW to bf16, then backward scales it in place
         "dw_cast_then_scale": lambda: acc32.to(torch.bfloat16).mul_(go.to(torch.bfloat16)),
@@ -287,7 +169,7 @@ def table(records: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def _int_list(text: str, option: str) -> list[int]:
+def int_list(text: str, option: str) -> list[int]:
     """Parse "8,32,64" into positive ints; ValueError with a one-line message otherwise."""
     try:
         values = [int(x) for x in text.split(",") if x.strip()]
@@ -356,10 +238,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"--providers: unknown {', '.join(bad)}; allowed: {', '.join(PROVIDERS)}", file=sys.stderr)
         return 2
     try:
-        batches = _int_list(args.batch, "--batch")
-        sweep = [("chunked", c) for c in _int_list(args.sweep_chunks, "--sweep-chunks")]
-        sweep += [("chunked-lean", c) for c in _int_list(args.sweep_lean, "--sweep-lean")]
-        profile_rows = _int_list(args.profile, "--profile")
+        batches = int_list(args.batch, "--batch")
+        sweep = [("chunked", c) for c in int_list(args.sweep_chunks, "--sweep-chunks")]
+        sweep += [("chunked-lean", c) for c in int_list(args.sweep_lean, "--sweep-lean")]
+        profile_rows = int_list(args.profile, "--profile")
         if args.reps <= 0 or (args.liger_reps is not None and args.liger_reps <= 0):
             raise ValueError("--reps/--liger-reps: expected a positive integer")
     except ValueError as exc:

@@ -25,7 +25,7 @@ import sys
 
 import torch
 
-from . import bench
+from . import bench, bench_providers
 
 PADDED_PROVIDERS = ("floor", "trl", "chunked", "chunked-lean", "naive")
 # Beta concentration a + b of the length draw: 4 spreads lengths over most of [1, T] at every mean
@@ -93,8 +93,8 @@ def right_padding_mask(lengths: list[int], seq: int, device: torch.device | str 
 
 
 def padded_inputs(lengths: list[int], seq: int, hidden: int, vocab: int, seed: int = 0) -> dict:
-    """`bench.make_inputs` for len(lengths) sequences, with their right-padding mask."""
-    inp = bench.make_inputs(len(lengths), seq, hidden, vocab, seed)
+    """`bench_providers.make_inputs` for len(lengths) sequences, with their right-padding mask."""
+    inp = bench_providers.make_inputs(len(lengths), seq, hidden, vocab, seed)
     inp["mask"] = right_padding_mask(lengths, seq, inp["ids"].device)
     return inp
 
@@ -102,7 +102,7 @@ def padded_inputs(lengths: list[int], seq: int, hidden: int, vocab: int, seed: i
 def cases(args: argparse.Namespace) -> list[dict]:
     """The (valid tokens, padding) cases to time: each with its label and lengths."""
     out = []
-    for n_valid in bench._int_list(args.valid_tokens, "--valid-tokens"):
+    for n_valid in bench.int_list(args.valid_tokens, "--valid-tokens"):
         for pct in _percent_list(args.padding):
             lengths = draw_lengths(n_valid, args.seq, args.seq * (1 - pct / 100), seed=args.seed)
             out.append({"valid_tokens": n_valid, "padding": f"{pct}%", "lengths": lengths})
@@ -160,7 +160,7 @@ def main(args: argparse.Namespace, argv: list[str] | None) -> int:
         if args.reps <= 0:
             raise ValueError("--reps/--liger-reps: expected a positive integer")
         todo = cases(args)
-        scoring_chunks = bench._int_list(args.scoring_chunks, "--scoring-chunks")
+        scoring_chunks = bench.int_list(args.scoring_chunks, "--scoring-chunks")
         if scoring_chunks and not args.scoring:
             raise ValueError("--scoring-chunks: needs --scoring")
     except (ValueError, OSError) as exc:
@@ -185,9 +185,9 @@ def main(args: argparse.Namespace, argv: list[str] | None) -> int:
                     continue  # lean changes only the dW accumulation: scoring has none
                 rec = {"mode": mode, "provider": name, **case, **shape, "ms": None, "extra_peak_mib": None}
                 if mode == "loss":
-                    make = functools.partial(bench.loss_fn, provider, inp, args.beta, chunk)
+                    make = functools.partial(bench_providers.loss_fn, provider, inp, args.beta, chunk)
                 else:
-                    make = functools.partial(bench.score_fn, provider, inp, chunk)
+                    make = functools.partial(bench_providers.score_fn, provider, inp, chunk)
                 rec.update(reps=args.reps, **bench.timed(make, inp, args.reps))
                 records.append(rec)
                 print(json.dumps(rec), flush=True)

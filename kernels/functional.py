@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import torch
 
-from . import triton_ops
 from .checks import check_chunking, check_head, check_loss_args, valid_counts
+from .chunk_loop import chunk_loop, in_weight_dtype
 from .loss_math import GrpoMetrics, finish_metrics, per_token_loss, token_weights
-from .rows import Chunk, plan_chunks, scatter_rows
+from .rows import Chunk, plan_chunks
 
 # Bytes of the reused [C, V] logits buffer that the default chunk size aims at (C = 1536 at V = 152k in bf16):
 # with the fp32 dW accumulator this keeps the extra peak under TRL 1.16's fused head at every batch size
@@ -34,8 +34,6 @@ CHUNK_BUFFER_BYTES = 448 * 2**20
 SCORING_BUFFER_BYTES = 224 * 2**20
 # Bounds of the default chunk size in rows, and its granularity (whole 256-row GEMM tiles)
 MIN_CHUNK, MAX_CHUNK, CHUNK_STEP = 256, 16384, 256
-# `torch.addmm(..., out_dtype=torch.float32)` from bf16/fp16 inputs exists from torch 2.8 on CUDA
-_HAS_OUT_DTYPE = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 8)
 
 
 def default_chunk_tokens(vocab: int, dtype: torch.dtype, lean: bool = False, *, scoring: bool = False) -> int:
@@ -44,87 +42,6 @@ def default_chunk_tokens(vocab: int, dtype: torch.dtype, lean: bool = False, *, 
     budget = SCORING_BUFFER_BYTES if scoring else CHUNK_BUFFER_BYTES // (2 if lean else 1)
     rows = budget // (vocab * torch.finfo(dtype).bits // 8) // CHUNK_STEP * CHUNK_STEP
     return max(MIN_CHUNK, min(MAX_CHUNK, rows))
-
-
-def _addmm_acc(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
-    # acc += a @ b. For an fp32 acc and bf16/fp16 operands, the product is not rounded to bf16 first:
-    # rounding each chunk's partial dW before the sum biases training (TRL's fused head notes the same).
-    if acc.dtype == a.dtype:
-        acc.addmm_(a, b)
-    elif _HAS_OUT_DTYPE and acc.is_cuda:
-        torch.addmm(acc, a, b, out_dtype=acc.dtype, out=acc)
-    else:
-        acc.addmm_(a.to(acc.dtype), b.to(acc.dtype))
-
-
-def _chunk_loop(hidden2d, weight, bias, ids, chunks, *, inv_t, token_grad, seq_grad, want, lean):
-    """Run the chunks; returns (logps, entropies, grad_hidden, grad_weight, grad_bias), all over N rows.
-
-    grad_weight and grad_bias come back in their accumulators' dtypes (fp32 for bf16/fp16 weights unless
-    lean): the caller converts them with `_in_weight_dtype` once this frame, and with it every view of the
-    chunk buffers, is gone, so that the weight-sized copy never coexists with the [C, V] buffer.
-
-    hidden2d: [N, H]; ids: [N]; chunks: from `rows.plan_chunks`. Rows in no chunk are skipped: their
-    log-prob and entropy stay 0 and their rows of grad_hidden exactly 0.
-    token_grad: dict of [N] tensors and scalars for `triton_ops.finish_rows` (token-level sampling);
-    seq_grad: callable (chunk, [n] logps) -> [n] d(loss)/d(logps) (sequence level); both None: no gradient.
-    """
-    n_rows, width = hidden2d.shape
-    vocab = weight.shape[0]
-    dev = hidden2d.device
-    stats_dtype = torch.float64 if hidden2d.dtype == torch.float64 else torch.float32
-    logps = torch.zeros((n_rows,), device=dev, dtype=stats_dtype)
-    entropies = torch.zeros_like(logps)
-    chunk_rows = max((c.size for c in chunks), default=0)
-    buf = torch.empty((chunk_rows, vocab), device=dev, dtype=hidden2d.dtype)
-    gathers = any(isinstance(c.rows, torch.Tensor) for c in chunks)
-    # A gathering chunk's hidden rows, contiguous for the GEMMs (one buffer for every chunk)
-    hbuf = torch.empty((chunk_rows, width), device=dev, dtype=hidden2d.dtype) if gathers else None
-    covered = sum(c.size for c in chunks) == n_rows
-    gh = (torch.empty_like if covered else torch.zeros_like)(hidden2d) if want[0] else None
-    acc_dtype = weight.dtype if (lean or weight.dtype in (torch.float32, torch.float64)) else torch.float32
-    gw = torch.zeros(weight.shape, device=weight.device, dtype=acc_dtype) if want[1] else None
-    gb = torch.zeros((vocab,), device=weight.device, dtype=stats_dtype) if want[2] else None
-    w_t = weight.t()
-    for chunk in chunks:
-        tile = buf[: chunk.size]  # [n, V]
-        if isinstance(chunk.rows, slice):
-            h_c = hidden2d[chunk.rows]  # [n, H], a view
-        else:
-            h_c = torch.index_select(hidden2d, 0, chunk.rows, out=hbuf[: chunk.size])  # [n, H]
-        ids_c = ids[chunk.rows]  # [n]
-        if bias is None:
-            torch.mm(h_c, w_t, out=tile)
-        else:
-            torch.addmm(bias, h_c, w_t, out=tile)
-        parts, target_logit = triton_ops.row_stats(tile, ids_c, inv_t)
-        chunk_grad = None
-        if token_grad is not None and any(want):
-            chunk_grad = {k: (v[chunk.rows] if isinstance(v, torch.Tensor) else v) for k, v in token_grad.items()}
-        lp, ent, lse, g = triton_ops.finish_rows(parts, target_logit, chunk_grad)
-        scatter_rows(logps, chunk.rows, lp)
-        scatter_rows(entropies, chunk.rows, ent)
-        if seq_grad is not None and any(want):
-            g = seq_grad(chunk, lp)
-        if g is None:
-            continue
-        triton_ops.logits_to_grad(tile, ids_c, lse, g, inv_t)
-        if gw is not None:
-            _addmm_acc(gw, tile.t(), h_c)
-        if gb is not None:
-            gb += tile.sum(0, dtype=gb.dtype)
-        if gh is not None and isinstance(chunk.rows, slice):
-            torch.mm(tile, weight, out=gh[chunk.rows])
-        elif gh is not None:
-            # dH after dW: the gathered rows h_c are read, so their buffer holds dH_c until the scatter
-            scatter_rows(gh, chunk.rows, torch.mm(tile, weight, out=hbuf[: chunk.size]))  # [n, H]
-    return logps, entropies, gh, gw, gb
-
-
-def _in_weight_dtype(grad: torch.Tensor | None, weight: torch.Tensor) -> torch.Tensor | None:
-    # The fp32 accumulator of dW (or db) in the weight's dtype: a new weight-sized tensor, made after the
-    # chunk loop returned so that it never shares the peak with the chunk buffer (+297 MiB at V = 152k)
-    return grad if grad is None or grad.dtype == weight.dtype else grad.to(weight.dtype)
 
 
 class _LossWithGrads(torch.autograd.Function):
@@ -331,7 +248,7 @@ def _fused_linear_grpo_loss(
                 return torch.autograd.grad((loss_tok * weights[seqs]).sum(), x)[0]
 
     with torch.no_grad():
-        logps, entropies, gh, gw, gb = _chunk_loop(
+        logps, entropies, gh, gw, gb = chunk_loop(
             hidden.reshape(-1, width),
             weight,
             bias,
@@ -343,7 +260,7 @@ def _fused_linear_grpo_loss(
             want=want,
             lean=lean,
         )
-        gw, gb = _in_weight_dtype(gw, weight), _in_weight_dtype(gb, weight)
+        gw, gb = in_weight_dtype(gw, weight), in_weight_dtype(gb, weight)
         # The loss value and the logged metrics from all log-probs at once: the same code as the reference
         logps, entropies = logps.view(batch, seq), entropies.view(batch, seq)
         loss_tok, stats = per_token_loss(
@@ -395,7 +312,7 @@ def selective_logprobs(
         whole_sequences=False,
     )
     with torch.autocast(hidden.device.type, enabled=False):
-        logps, entropies, *_ = _chunk_loop(
+        logps, entropies, *_ = chunk_loop(
             hidden.reshape(-1, hidden.shape[-1]),
             weight,
             bias,

@@ -132,6 +132,18 @@ def test_no_private_name_imported_across_modules() -> None:
     assert bad == [], "private names imported across modules:\n" + "\n".join(bad)
 
 
+def test_no_module_over_400_lines() -> None:
+    """Split by responsibility before a module grows past ~400 lines (CONVENTIONS.md)."""
+    roots = (PACKAGE, PACKAGE.parent / "kernels")
+    long = [
+        f"{p.relative_to(PACKAGE.parent)}: {n}"
+        for root in roots
+        for p in sorted(root.rglob("*.py"))
+        if (n := len(p.read_text(encoding="utf-8").splitlines())) > 400
+    ]
+    assert long == [], "modules over 400 lines (split by responsibility):\n" + "\n".join(long)
+
+
 @pytest.mark.parametrize("module", ["grpo_tui.dashboard.app", "grpo_tui.cli"])
 def test_start_up_path_does_not_import_torch_or_training(module: str) -> None:
     """The app and the command line must start fast: torch, transformers and the trainer load only when used."""

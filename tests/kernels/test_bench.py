@@ -7,11 +7,11 @@ import json
 import pytest
 import torch
 
-from grpo_kernels import bench, bench_padded
+from grpo_kernels import bench, bench_padded, bench_providers
 
 
 def _cpu_inputs(batch: int, seq: int, hidden: int, vocab: int, seed: int = 0) -> dict:
-    """Tiny fp32 CPU stand-in for `bench.make_inputs` (same signature and dict layout)."""
+    """Tiny fp32 CPU stand-in for `bench_providers.make_inputs` (same signature and dict layout)."""
     g = torch.Generator().manual_seed(seed)
     return dict(
         hidden=torch.randn(batch, seq, hidden, generator=g).requires_grad_(),
@@ -27,7 +27,7 @@ def _loss_and_grads(providers, inp: dict, *, chunk_tokens: int) -> dict:
     """Run each provider's bench closure once: {provider: (loss, grad hidden, grad weight)}."""
     out = {}
     for provider in providers:
-        loss = bench.loss_fn(provider, inp, 0.04, chunk_tokens=chunk_tokens)()
+        loss = bench_providers.loss_fn(provider, inp, 0.04, chunk_tokens=chunk_tokens)()
         loss.backward()
         out[provider] = (loss.detach(), inp["hidden"].grad.clone(), inp["weight"].grad.clone())
         inp["hidden"].grad = inp["weight"].grad = None
@@ -82,6 +82,7 @@ def _cpu_run(monkeypatch, argv: list[str]) -> tuple[int, list[int]]:
         return 1.0 + len(calls), 0.0, 0.0
 
     monkeypatch.setattr(bench, "make_inputs", _cpu_inputs)
+    monkeypatch.setattr(bench_providers, "make_inputs", _cpu_inputs)  # the padded mode's source
     monkeypatch.setattr(bench, "measure", cpu_measure)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "cpu-test")
@@ -175,12 +176,12 @@ def test_padded_providers_agree_on_cpu():
         for a, b in zip(out[provider], out["naive"]):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
     valid = inp["mask"] != 0
-    scores = {p: bench.score_fn(p, inp, chunk_tokens=4)() for p in ("naive", "trl", "chunked")}
+    scores = {p: bench_providers.score_fn(p, inp, chunk_tokens=4)() for p in ("naive", "trl", "chunked")}
     for p in ("trl", "chunked"):
         for a, b in zip(scores[p], scores["naive"]):
             torch.testing.assert_close(a[valid], b[valid], rtol=1e-5, atol=1e-5)
             assert (a[~valid] == 0).all()
-    assert bench.score_fn("floor", inp)() is None
+    assert bench_providers.score_fn("floor", inp)() is None
 
 
 def test_padded_mode_end_to_end_on_cpu(monkeypatch, tmp_path, capsys):

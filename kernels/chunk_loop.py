@@ -1,0 +1,93 @@
+"""The chunk loop behind `functional`: per chunk of valid rows, logits -> row stats -> d(logits) in place ->
+dW/db/dH, with the gradient formed in the forward pass (see `functional`'s docstring for the stages)."""
+
+from __future__ import annotations
+
+import torch
+
+from . import triton_ops
+from .rows import scatter_rows
+
+# `torch.addmm(..., out_dtype=torch.float32)` from bf16/fp16 inputs exists from torch 2.8 on CUDA
+_HAS_OUT_DTYPE = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 8)
+
+
+def addmm_acc(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
+    # acc += a @ b. For an fp32 acc and bf16/fp16 operands, the product is not rounded to bf16 first:
+    # rounding each chunk's partial dW before the sum biases training (TRL's fused head notes the same).
+    if acc.dtype == a.dtype:
+        acc.addmm_(a, b)
+    elif _HAS_OUT_DTYPE and acc.is_cuda:
+        torch.addmm(acc, a, b, out_dtype=acc.dtype, out=acc)
+    else:
+        acc.addmm_(a.to(acc.dtype), b.to(acc.dtype))
+
+
+def chunk_loop(hidden2d, weight, bias, ids, chunks, *, inv_t, token_grad, seq_grad, want, lean):
+    """Run the chunks; returns (logps, entropies, grad_hidden, grad_weight, grad_bias), all over N rows.
+
+    grad_weight and grad_bias come back in their accumulators' dtypes (fp32 for bf16/fp16 weights unless
+    lean): the caller converts them with `_in_weight_dtype` once this frame, and with it every view of the
+    chunk buffers, is gone, so that the weight-sized copy never coexists with the [C, V] buffer.
+
+    hidden2d: [N, H]; ids: [N]; chunks: from `rows.plan_chunks`. Rows in no chunk are skipped: their
+    log-prob and entropy stay 0 and their rows of grad_hidden exactly 0.
+    token_grad: dict of [N] tensors and scalars for `triton_ops.finish_rows` (token-level sampling);
+    seq_grad: callable (chunk, [n] logps) -> [n] d(loss)/d(logps) (sequence level); both None: no gradient.
+    """
+    n_rows, width = hidden2d.shape
+    vocab = weight.shape[0]
+    dev = hidden2d.device
+    stats_dtype = torch.float64 if hidden2d.dtype == torch.float64 else torch.float32
+    logps = torch.zeros((n_rows,), device=dev, dtype=stats_dtype)
+    entropies = torch.zeros_like(logps)
+    chunk_rows = max((c.size for c in chunks), default=0)
+    buf = torch.empty((chunk_rows, vocab), device=dev, dtype=hidden2d.dtype)
+    gathers = any(isinstance(c.rows, torch.Tensor) for c in chunks)
+    # A gathering chunk's hidden rows, contiguous for the GEMMs (one buffer for every chunk)
+    hbuf = torch.empty((chunk_rows, width), device=dev, dtype=hidden2d.dtype) if gathers else None
+    covered = sum(c.size for c in chunks) == n_rows
+    gh = (torch.empty_like if covered else torch.zeros_like)(hidden2d) if want[0] else None
+    acc_dtype = weight.dtype if (lean or weight.dtype in (torch.float32, torch.float64)) else torch.float32
+    gw = torch.zeros(weight.shape, device=weight.device, dtype=acc_dtype) if want[1] else None
+    gb = torch.zeros((vocab,), device=weight.device, dtype=stats_dtype) if want[2] else None
+    w_t = weight.t()
+    for chunk in chunks:
+        tile = buf[: chunk.size]  # [n, V]
+        if isinstance(chunk.rows, slice):
+            h_c = hidden2d[chunk.rows]  # [n, H], a view
+        else:
+            h_c = torch.index_select(hidden2d, 0, chunk.rows, out=hbuf[: chunk.size])  # [n, H]
+        ids_c = ids[chunk.rows]  # [n]
+        if bias is None:
+            torch.mm(h_c, w_t, out=tile)
+        else:
+            torch.addmm(bias, h_c, w_t, out=tile)
+        parts, target_logit = triton_ops.row_stats(tile, ids_c, inv_t)
+        chunk_grad = None
+        if token_grad is not None and any(want):
+            chunk_grad = {k: (v[chunk.rows] if isinstance(v, torch.Tensor) else v) for k, v in token_grad.items()}
+        lp, ent, lse, g = triton_ops.finish_rows(parts, target_logit, chunk_grad)
+        scatter_rows(logps, chunk.rows, lp)
+        scatter_rows(entropies, chunk.rows, ent)
+        if seq_grad is not None and any(want):
+            g = seq_grad(chunk, lp)
+        if g is None:
+            continue
+        triton_ops.logits_to_grad(tile, ids_c, lse, g, inv_t)
+        if gw is not None:
+            addmm_acc(gw, tile.t(), h_c)
+        if gb is not None:
+            gb += tile.sum(0, dtype=gb.dtype)
+        if gh is not None and isinstance(chunk.rows, slice):
+            torch.mm(tile, weight, out=gh[chunk.rows])
+        elif gh is not None:
+            # dH after dW: the gathered rows h_c are read, so their buffer holds dH_c until the scatter
+            scatter_rows(gh, chunk.rows, torch.mm(tile, weight, out=hbuf[: chunk.size]))  # [n, H]
+    return logps, entropies, gh, gw, gb
+
+
+def in_weight_dtype(grad: torch.Tensor | None, weight: torch.Tensor) -> torch.Tensor | None:
+    # The fp32 accumulator of dW (or db) in the weight's dtype: a new weight-sized tensor, made after the
+    # chunk loop returned so that it never shares the peak with the chunk buffer (+297 MiB at V = 152k)
+    return grad if grad is None or grad.dtype == weight.dtype else grad.to(weight.dtype)
