@@ -154,3 +154,14 @@ def test_start_up_path_does_not_import_torch_or_training(module: str) -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "", f"importing {module} loaded {out}"
+
+
+def test_screens_do_not_reach_into_the_app_untyped() -> None:
+    """Screens talk to the app through messages and typed accessors, not `# type: ignore[attr-defined]`."""
+    found = [
+        f"{p.relative_to(PACKAGE.parent)}:{i}"
+        for p in PACKAGE.rglob("*.py")
+        for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
+        if "type: ignore[attr-defined]" in line
+    ]
+    assert found == [], "untyped reaches into other objects:\n" + "\n".join(found)
