@@ -32,6 +32,7 @@ from grpo_tui.tools.tune_search import (
     MEMORY_OPTIONS,
     STATUS_ERROR,
     Measurement,
+    TrialRunner,
     TuneResult,
     TuneSearch,
     TuneTrial,
@@ -70,7 +71,9 @@ def measure_run(run_dir: Path, completions_per_step: int) -> tuple[float | None,
     return wall, length * completions_per_step / wall
 
 
-def real_runner(preset_arg: str, preset: Preset, sets: list[str], cap_gib: float, steps: int, runs_dir: Path):
+def real_runner(
+    preset_arg: str, preset: Preset, sets: list[str], cap_gib: float, steps: int, runs_dir: Path
+) -> TrialRunner:
     """A TrialRunner running `grpo-tui run PRESET --headless` under the memory cap."""
     from grpo_tui.tools.bench_memory import run_trial
 
