@@ -32,6 +32,9 @@ PASSTHROUGH: dict[tuple[str, ...], Passthrough] = {
     ("max-batch",): Passthrough(
         "grpo_tui.tools.bench_memory", "max_batch_main", "the largest per-device batch that fits a memory cap"
     ),
+    ("tune",): Passthrough(
+        "grpo_tui.tools.tune", "main", "the fastest batch and memory settings under a memory cap, saved as a preset"
+    ),
     ("check",): Passthrough("grpo_tui.tools.parity_check", "main", "parity probe: chunked vs a baseline on one batch"),
     ("screenshots",): Passthrough(
         "grpo_tui.tools.screenshots", "main", "SVG/PNG screenshots of the app from real runs"
@@ -73,7 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(
         dest="command",
-        metavar="{run,presets,runs,control,check,bench,max-batch,slurm,screenshots}",
+        metavar="{run,presets,runs,control,check,bench,max-batch,tune,slurm,screenshots}",
     )
 
     run = sub.add_parser("run", help="start a preset (name from `presets list` or a .toml path)")

@@ -70,6 +70,7 @@ class PresetScreen(Screen[None]):
         Binding("s", "start", "Start", id="presets.start"),
         Binding("enter", "enter", "Start / open", priority=True, id="presets.enter"),
         Binding("e", "edit", "Edit", id="presets.edit"),
+        Binding("u", "tune", "Tune", show=False, id="presets.tune"),
         Binding("r", "runs", "Runs", id="presets.runs"),
         Binding("c", "compare", "Compare", id="presets.compare"),
         Binding("f5", "reload", "Reload", id="presets.reload"),
@@ -218,6 +219,13 @@ class PresetScreen(Screen[None]):
         if saved_name:
             self._select = saved_name
             self.load_presets()
+
+    def action_tune(self) -> None:
+        from grpo_tui.dashboard.screens.tune import TuneScreen
+
+        name = self.selected_name
+        if name is not None:
+            self.app.push_screen(TuneScreen(name))
 
     def action_runs(self) -> None:
         self.post_message(ShowRunsRequested())
