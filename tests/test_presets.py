@@ -18,6 +18,7 @@ from grpo_tui.config.schema import Preset
 from grpo_tui.config.store import (
     BUILTIN_DIR,
     PresetError,
+    delete_user_preset,
     dump_preset,
     list_presets,
     load_preset,
@@ -180,9 +181,36 @@ def test_missing_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
     assert line == f"{tmp_path / 'nope.toml'}: no such preset file"
 
 
-def test_unknown_preset_name_lists_known(capsys: pytest.CaptureFixture[str]) -> None:
+def test_unknown_preset_name_suggests_the_closest_and_lists_known(capsys: pytest.CaptureFixture[str]) -> None:
     line = one_error(capsys, ["presets", "show", "tiny-gpu"])
-    assert line.startswith("tiny-gpu: unknown preset; known presets: ") and "tiny-cpu" in line
+    assert line.startswith("tiny-gpu: unknown preset; did you mean tiny-cpu? known presets: ")
+    assert "qwen3-0.6b-gsm8k" in line
+
+
+def test_a_misspelled_run_suggests_the_preset(capsys: pytest.CaptureFixture[str]) -> None:
+    line = one_error(capsys, ["run", "tiny-cpuu", "--headless"])
+    assert line.startswith("tiny-cpuu: unknown preset; did you mean tiny-cpu? ")
+
+
+def test_a_name_like_nothing_gets_no_suggestion(capsys: pytest.CaptureFixture[str]) -> None:
+    line = one_error(capsys, ["presets", "show", "zzzzzz"])
+    assert line.startswith("zzzzzz: unknown preset; known presets: ")
+
+
+def test_user_presets_overwrite_and_delete() -> None:
+    preset = load_preset("tiny-cpu")[0]
+    path = save_user_preset(preset, "mine")
+    with pytest.raises(PresetError, match="a user preset with this name exists"):
+        save_user_preset(preset, "mine")
+    changed = preset.model_copy(update={"description": "changed"})
+    assert save_user_preset(changed, "mine", overwrite=True) == path
+    assert load_preset("mine")[0].description == "changed"
+    assert list(path.parent.iterdir()) == [path]  # no temp file left behind
+    assert delete_user_preset("mine") == path and not path.exists()
+    with pytest.raises(PresetError, match="is not a user preset"):
+        delete_user_preset("mine")
+    with pytest.raises(PresetError, match=r"tiny-cpu: is built-in \(read-only\)"):
+        delete_user_preset("tiny-cpu")
 
 
 @pytest.mark.parametrize(

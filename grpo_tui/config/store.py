@@ -8,6 +8,7 @@ carrying one line per problem, ready to print.
 
 from __future__ import annotations
 
+import difflib
 import importlib.resources
 import os
 import tomllib
@@ -62,12 +63,17 @@ def is_path_like(arg: str) -> bool:
 
 
 def find_preset(name: str) -> PresetEntry:
-    """The preset called `name` (user first, then built-in), else a PresetError listing known names."""
-    for entry in list_presets():
+    """The preset called `name` (user first, then built-in), else a PresetError that suggests the
+    closest name (a typo is the usual cause) and lists the known ones."""
+    entries = list_presets()
+    for entry in entries:
         if entry.name == name:
             return entry
-    known = ", ".join(e.name for e in list_presets()) or "(none)"
-    raise PresetError([f"{name}: unknown preset; known presets: {known} (or give a path to a .toml file)"])
+    names = [e.name for e in entries]
+    close = difflib.get_close_matches(name, names, n=1)
+    hint = f"did you mean {close[0]}? " if close else ""
+    known = ", ".join(names) or "(none)"
+    raise PresetError([f"{name}: unknown preset; {hint}known presets: {known} (or give a path to a .toml file)"])
 
 
 def resolve_preset_path(arg: str) -> Path:
@@ -135,7 +141,8 @@ def dump_preset(preset: Preset) -> str:
 
 
 def save_user_preset(preset: Preset, name: str | None = None, overwrite: bool = False) -> Path:
-    """Write `preset` into the user folder as `<name>.toml` (name defaults to preset.name)."""
+    """Write `preset` into the user folder as `<name>.toml` (name defaults to preset.name);
+    `overwrite` replaces a user preset of that name."""
     name = name or preset.name
     if not PRESET_NAME_RE.match(name):
         raise PresetError([f"name: got {name!r}; letters, digits, '.', '_' or '-' (at most 64)"])
@@ -144,5 +151,20 @@ def save_user_preset(preset: Preset, name: str | None = None, overwrite: bool = 
     path = folder / f"{name}.toml"
     if path.exists() and not overwrite:
         raise PresetError([f"{path}: a user preset with this name exists"])
-    path.write_text(dump_preset(preset.model_copy(update={"name": name})), encoding="utf-8")
+    text = dump_preset(preset.model_copy(update={"name": name}))
+    # Written whole then renamed: an overwrite never leaves a half-written preset behind.
+    tmp = path.with_suffix(".toml.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+    return path
+
+
+def delete_user_preset(name: str) -> Path:
+    """Remove the user preset `name` (a built-in it shadowed shows again); built-ins are read-only."""
+    path = user_presets_dir() / f"{name}.toml"
+    if not PRESET_NAME_RE.match(name) or not path.is_file():
+        builtin = (BUILTIN_DIR / f"{name}.toml").is_file()
+        why = "is built-in (read-only)" if builtin else "is not a user preset"
+        raise PresetError([f"{name}: {why}; user presets are in {user_presets_dir()}"])
+    path.unlink()
     return path

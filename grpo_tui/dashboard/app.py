@@ -46,6 +46,10 @@ class GrpoTuiApp(App[int]):
     """The app. Every dependency with a side effect (monitor, clock, launcher) can be injected."""
 
     CSS_PATH = "app.tcss"
+    # Screens get -narrow below 120 columns and -short below 36 rows; app.tcss stacks panels, shrinks
+    # boxes and the memory panel draws one line per GPU there, so 80x24 stays usable.
+    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (120, "-wide")]
+    VERTICAL_BREAKPOINTS = [(0, "-short"), (36, "-tall")]
     TITLE = "grpo-tui"
     SUB_TITLE = "GRPO fine-tuning"
     BINDINGS = [

@@ -115,6 +115,7 @@ class DashboardFeed:
     _history: GpuHistory = field(default_factory=lambda: GpuHistory(maxlen=MEMORY_SAMPLES))
     _status: RunStatus = RunStatus.RUNNING
     _status_checked: float = -math.inf
+    _status_events: int = -1  # events seen at the last judgement
     _completions: CompletionIndex | None = None
     _baseline: str = "naive"
     _alert_log: AlertLog = field(default_factory=AlertLog)
@@ -149,9 +150,12 @@ class DashboardFeed:
             self._completions.poll()
         self._read_log()
         now = self.clock()
-        if now - self._status_checked >= STATUS_EVERY_S:
+        # A new event (finish, stop, error) is judged at once: waiting for the next liveness check
+        # showed a finished run as "running, ETA 0:00" for seconds.
+        if now - self._status_checked >= STATUS_EVERY_S or len(state.events) != self._status_events:
             self._status = _live_status(self.run.path, state)
             self._status_checked = now
+            self._status_events = len(state.events)
         pids = list(state.pid_gpu) or _status_pids(self.run)
         snapshot = self.monitor.sample(pids) if self.monitor is not None else None
         if snapshot is not None:

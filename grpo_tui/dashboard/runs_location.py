@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from grpo_tui.config.schema import Preset
+from grpo_tui.dashboard.paths import shown_path
 
 
 @dataclass
@@ -42,3 +43,8 @@ def runs_location(app: object) -> RunsLocation:
     if not isinstance(app, RunsLocationHost):
         raise TypeError(f"{type(app).__name__} keeps no runs location (screens expect GrpoTuiApp)")
     return app.runs
+
+
+def runs_title(app: object) -> str:
+    """The title of a box listing the runs: `Runs · runs` (the folder as the user would type it)."""
+    return f"Runs · {shown_path(runs_location(app).path)}"

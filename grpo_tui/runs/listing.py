@@ -36,11 +36,12 @@ class RunInfo:
     last_reward: float | None
     loss_impl: str
     pid: int | None
+    last_loss: float | None = None
     reason: str | None = None  # why it failed / was lost, one line
 
 
 def run_info(run_path: Path) -> RunInfo:
-    """Status (with its reason), preset, start time, steps so far and last reward of one run folder."""
+    """Status (with its reason), preset, start time, steps so far, last reward and loss of one run folder."""
     meta = read_json(run_path / "run.json") or {}
     tail = tail_records(run_path / "metrics.jsonl")
     verdict = judge(run_path, meta=meta, tail=tail)
@@ -60,6 +61,7 @@ def run_info(run_path: Path) -> RunInfo:
         steps=as_int(last.get("step")) or 0,
         last_reward=as_float(last.get("reward")),
         loss_impl=str(last.get("loss_impl", "")),
+        last_loss=as_float(last.get("loss")),
         pid=as_int(meta.get("pid")),
         reason=verdict.reason,
     )

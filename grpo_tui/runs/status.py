@@ -6,11 +6,12 @@ can never disagree about one run. The rules, in order:
 - run.json says submitted (`grpo-tui slurm`): its ranks run on other hosts, so no local process
   tells; "submitted" while the stream is empty, then what the stream's last records say.
 - run.json records an outcome (finished / failed / stopped, written by the supervisor): that.
-- otherwise (said starting / running, or no run.json: a trainer started by hand) a live process
-  (the supervisor `pid`, the trainer `child_pid`, else a rank named by the stream's start event)
-  means the run goes on; with none alive the stream's last events tell how it ended, and a stream
-  without an end is "lost" (crashed or killed without a last record), after a short grace for a
-  run.json that says starting before its supervisor recorded a pid.
+- otherwise (said starting / running, or no run.json: a trainer started by hand) an end the
+  stream records (finish / stop / error) wins, even while a process lives: the supervisor reaps
+  the trainer and writes run.json seconds later. Without one, a live process (the supervisor
+  `pid`, the trainer `child_pid`, else a rank named by the stream's start event) means the run
+  goes on, and none alive means "lost" (crashed or killed without a last record), after a short
+  grace for a run.json that says starting before its supervisor recorded a pid.
 """
 
 from __future__ import annotations
@@ -98,11 +99,13 @@ def judge(
     if recorded in ENDED_STATES:
         reason = meta.get("reason")
         return StatusVerdict(recorded, reason if isinstance(reason, str) and reason else None)
-    if processes_alive(meta, metrics):
-        return StatusVerdict(recorded or RunStatus.RUNNING, None)
+    # The trainer's last record wins over a live process: the supervisor outlives the trainer by a
+    # few seconds (reaping it, writing run.json), and "running" meanwhile would be a lie.
     verdict = stream_verdict(tail)
     if verdict.state is not RunStatus.RUNNING:
-        return verdict  # the trainer recorded its end, the supervisor did not (killed after it)
+        return verdict
+    if processes_alive(meta, metrics):
+        return StatusVerdict(recorded or RunStatus.RUNNING, None)
     created = as_float(meta.get("created"))
     clock = time.time() if now is None else now
     if recorded is RunStatus.STARTING and created is not None and clock - created < STARTING_GRACE_S:

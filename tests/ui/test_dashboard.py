@@ -227,7 +227,7 @@ async def test_alerts_show_in_place_and_in_the_list(app_factory, runs_dir) -> No
         kinds = {a.kind for a in screen.view.alerts}
         banner = plain(screen.query_one("#alert-banner"))
         assert any(kind in banner for kind in kinds)
-        assert screen.query_one("#alerts-list").row_count == len(screen.view.alerts)
+        assert screen.query_one("#alerts-table").row_count == len(screen.view.alerts)
         assert "alert" in plain(screen.query_one("#run-title"))
 
 

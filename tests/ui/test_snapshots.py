@@ -1,5 +1,7 @@
-"""Snapshot tests (pytest-textual-snapshot) of the main screens at 150x48, from recorded runs with a
-fixed clock and a fixed monitor sample, so the SVGs are byte-stable. Update with --snapshot-update."""
+"""Snapshot tests (pytest-textual-snapshot) of the main screens at 150x48, and of the presets,
+dashboard and help screens at 80x24, 120x40 and 200x60 too (small terminals stack and shrink
+panels: app.tcss), from recorded runs with a fixed clock and a fixed monitor sample, so the SVGs
+are byte-stable. Update with --snapshot-update, and look at each changed SVG."""
 
 from __future__ import annotations
 
@@ -25,13 +27,18 @@ def _factory(app_factory, **kwargs):
     return app_factory(runs_dir=Path("runs"), poll_interval=3600.0, **kwargs)
 
 
-def test_presets_screen(snap_compare, app_factory, recorded_run, second_run) -> None:
+# Terminal sizes a user may have: the smallest usable, common ones, and a big one.
+SIZES = [pytest.param(size, id=f"{size[0]}x{size[1]}") for size in [(80, 24), (120, 40), SIZE, (200, 60)]]
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_presets_screen(snap_compare, app_factory, recorded_run, second_run, size) -> None:
     async def run_before(pilot) -> None:
         screen = pilot.app.screen
         await wait_for(pilot, lambda: len(screen.query_one("#runs-table").runs) == 2)
         await wait_for(pilot, lambda: "checking" not in str(screen.query_one("#preset-checks").content))
 
-    assert snap_compare(_factory(app_factory), terminal_size=SIZE, run_before=run_before)
+    assert snap_compare(_factory(app_factory), terminal_size=size, run_before=run_before)
 
 
 def _open(run: Path):
@@ -43,16 +50,18 @@ def _open(run: Path):
     return run_before
 
 
-def test_dashboard_recorded_run_no_gpu(snap_compare, app_factory, recorded_run) -> None:
-    assert snap_compare(_factory(app_factory), terminal_size=SIZE, run_before=_open(Path("runs") / recorded_run.name))
+@pytest.mark.parametrize("size", SIZES)
+def test_dashboard_recorded_run_no_gpu(snap_compare, app_factory, recorded_run, size) -> None:
+    assert snap_compare(_factory(app_factory), terminal_size=size, run_before=_open(Path("runs") / recorded_run.name))
 
 
-def test_dashboard_two_gpus(snap_compare, app_factory, runs_dir) -> None:
+@pytest.mark.parametrize("size", [SIZES[0], SIZES[2]])
+def test_dashboard_two_gpus(snap_compare, app_factory, runs_dir, size) -> None:
     run = make_run(
         runs_dir / "20260101-020000-qwen3-0.6b-gsm8k", steps=400, switch_step=250, n_gpus=2, preset="qwen3-0.6b-gsm8k"
     ).path
     app = _factory(app_factory, monitor=FakeMonitor(gpu_snapshot()))
-    assert snap_compare(app, terminal_size=SIZE, run_before=_open(Path("runs") / run.name))
+    assert snap_compare(app, terminal_size=size, run_before=_open(Path("runs") / run.name))
 
 
 def test_dashboard_completions_tab(snap_compare, app_factory, recorded_run) -> None:
@@ -79,10 +88,11 @@ def test_compare_view(snap_compare, app_factory, recorded_run, second_run) -> No
     assert snap_compare(_factory(app_factory), terminal_size=SIZE, run_before=run_before)
 
 
-def test_help_screen(snap_compare, app_factory) -> None:
+@pytest.mark.parametrize("size", SIZES)
+def test_help_screen(snap_compare, app_factory, size) -> None:
     async def run_before(pilot) -> None:
         screen = pilot.app.screen
         await wait_for(pilot, lambda: "checking" not in str(screen.query_one("#preset-checks").content))
         await pilot.press("question_mark")
 
-    assert snap_compare(_factory(app_factory), terminal_size=SIZE, run_before=run_before)
+    assert snap_compare(_factory(app_factory), terminal_size=size, run_before=run_before)

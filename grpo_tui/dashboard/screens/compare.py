@@ -126,7 +126,7 @@ class CompareScreen(Screen[None]):
         yield Header()
         with Vertical(id="compare-pick", classes="box") as box:
             box.border_title = "Runs · space marks two · Enter compares"
-            yield RunsTable(id="compare-runs")
+            yield RunsTable(action="compares", id="compare-runs")
         with Horizontal(id="compare-charts"):
             yield OverlayChart("reward", id="compare-reward")
             yield OverlayChart("peak memory MiB per step", id="compare-memory")

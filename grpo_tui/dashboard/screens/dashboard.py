@@ -183,7 +183,7 @@ class DashboardScreen(Screen[None]):
         self.post_message(RunLivenessSeen(self.run_path, view.status in LIVE_STATES))
 
     def _draw_title(self, view: DashboardView) -> None:
-        alerts = len({a.kind for a in view.active_alerts})
+        alerts = len({a.kind for a in view.active_alerts})  # one per kind: the banner shows each kind once
         title = Text.assemble(
             (f" {view.run_name} ", "bold"),
             ("preset ", "dim"),
@@ -191,7 +191,10 @@ class DashboardScreen(Screen[None]):
             "  ",
             (f"● {view.status}", status_style(view.status, badge=True)),
             ("   stop requested" if view.stop_requested and view.status in LIVE_STATES else "", "yellow"),
-            (f"   ⚠ {alerts} alert kind(s)" if alerts else "   ✓ no alerts", "yellow" if alerts else "green"),
+            (
+                f"   ⚠ {alerts} alert{'s' if alerts > 1 else ''}" if alerts else "   ✓ no alerts",
+                "yellow" if alerts else "green",
+            ),
             ("   loading the full history…" if view.partial else "", "dim"),
         )
         self.query_one("#run-title", Static).update(title, layout=False)  # one line, fixed height

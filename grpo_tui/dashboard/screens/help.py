@@ -1,4 +1,4 @@
-"""Every binding of every screen, with its id and description."""
+"""Every binding of every screen: where, the key and what it does."""
 
 from __future__ import annotations
 
@@ -19,16 +19,15 @@ def _bindings_of(owner: type) -> list[Binding]:
 
 
 def bindings_table(owners: list[tuple[str, type]]) -> Table:
-    """A table of (where, key, description, id) for each owner's BINDINGS."""
+    """A table of (where, key, description) for each owner's BINDINGS."""
     table = Table(expand=True, box=None, header_style="bold", pad_edge=False)
     table.add_column("where", style="dim", no_wrap=True)
     table.add_column("key", style="bold", no_wrap=True)
-    table.add_column("what it does")
-    table.add_column("id", style="dim", no_wrap=True)
+    table.add_column("what it does", ratio=1)
     for where, owner in owners:
         for binding in _bindings_of(owner):
             keys = binding.key_display or binding.key
-            table.add_row(where, keys, binding.description or binding.action, binding.id or "")
+            table.add_row(where, keys, binding.description or binding.action)
     return table
 
 

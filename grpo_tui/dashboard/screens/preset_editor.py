@@ -1,5 +1,6 @@
-"""Edit a preset in a form: one input per field, validated as you type by the runner's own schema;
-save as a new user preset."""
+"""Edit a preset in a form: one input per field, validated as you type by the runner's own schema
+and its pre-launch cross-field checks; save as a new user preset, or over a user preset (after a
+confirm). Built-in presets are read-only."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from textual.containers import Horizontal, VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Footer, Header, Input, Label, Select, Static, Switch
 
-from grpo_tui.config import schema, store
+from grpo_tui.config import checks, schema, store
 from grpo_tui.config.schema import PRESET_NAME_RE, Preset, format_errors, literal_choices, walk_fields
 
 
@@ -51,20 +52,28 @@ class PresetEditorScreen(Screen[str | None]):
     """The form; dismisses with the saved preset's name (None when cancelled)."""
 
     BINDINGS = [
-        Binding("ctrl+s", "save", "Save as user preset", priority=True, id="editor.save"),
+        Binding("ctrl+s", "save", "Save user preset", priority=True, id="editor.save"),
         Binding("escape", "cancel", "Cancel", id="editor.cancel"),
         # q outside a text field must not quit the app and lose the form.
         Binding("q", "hold_quit", "Quit (after the editor)", show=False, id="editor.quit"),
     ]
 
-    def __init__(self, preset: Preset) -> None:
+    def __init__(self, preset: Preset, origin: store.Origin = "built-in") -> None:
         super().__init__()
         self.preset = preset
+        self.origin = origin
         self.data = preset.model_dump(mode="json")
         self.valid: Preset | None = preset
         self.hints: dict[str, str] = {}  # widget id -> the field's description, shown when valid
         # Read once: validation runs on every keystroke, on the UI thread, and must not scan folders.
-        self.builtin_names = {e.name for e in store.list_presets() if e.origin == "built-in"}
+        entries = store.list_presets()
+        self.builtin_names = {e.name for e in entries if e.origin == "built-in"}
+        self.user_names = {e.name for e in entries if e.origin == "user"}
+
+    @property
+    def overwrites(self) -> bool:
+        """Saving now replaces an existing user preset (asked first)."""
+        return self.valid is not None and self.valid.name in self.user_names
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -73,10 +82,12 @@ class PresetEditorScreen(Screen[str | None]):
                 Text.assemble(
                     ("Editing ", "dim"),
                     (self.preset.name, "bold"),
-                    ("  ·  values are checked as you type; ctrl+s saves a new user preset", "dim"),
+                    (f" ({self.origin})  ·  values are checked as you type; ctrl+s saves a user preset", "dim"),
                 )
             )
-            yield from self._row("name", "name (new preset)", f"{self.preset.name}-custom", str)
+            # A built-in is read-only: propose a copy. A user preset is saved over itself by default.
+            name = self.preset.name if self.origin == "user" else f"{self.preset.name}-custom"
+            yield from self._row("name", "name", name, str)
             yield from self._row("description", "description", self.preset.description, str)
             # `name`/`description` are above; every section's fields follow, in the schema's order.
             for field in walk_fields(Preset):
@@ -132,22 +143,40 @@ class PresetEditorScreen(Screen[str | None]):
             errors = format_errors(exc)
             for item, line in zip(exc.errors(), errors):
                 loc = [str(p) for p in item["loc"] if not isinstance(p, int)]
-                for depth in (2, 1):  # a reward spec's error belongs to rewards.functions
-                    target = self.query(f"#err-f-{'--'.join(loc[:depth])}")
-                    if target:
-                        target.first(Label).update(Text(line.split(": ", 1)[-1], "red"))
-                        break
+                self._show_error(loc, line.split(": ", 1)[-1])
+        if self.valid is not None:  # the start refuses what these refuse: say so before saving
+            errors += self._cross_field_errors(self.valid)
         name = data["name"]
         # The schema already checks the name's characters; a clash with a built-in is ours to refuse.
         if PRESET_NAME_RE.match(name or "") and name in self.builtin_names:
-            errors.append(f"name: {name!r} is a built-in preset; pick a new name")
+            errors.append(f"name: {name!r} is a built-in preset (read-only); pick a new name")
             self.query_one("#err-f-name", Label).update(Text("a built-in has this name", "red"))
+        elif name in self.user_names:
+            self.query_one("#err-f-name", Label).update(Text("saving replaces this user preset", "yellow"))
         status = self.query_one("#editor-status", Static)
         if errors:
             status.update(Text(f"✗ {len(errors)} problem(s): " + errors[0], "red"))
+        elif self.overwrites:
+            status.update(Text(f"✓ valid — ctrl+s replaces user preset {name} (asks first)", "green"))
         else:
-            status.update(Text("✓ valid — ctrl+s saves it as a user preset", "green"))
+            status.update(Text("✓ valid — ctrl+s saves it as a new user preset", "green"))
         return errors
+
+    def _cross_field_errors(self, preset: Preset) -> list[str]:
+        """`check_preset`'s machine-independent errors (this form may be for another machine),
+        each also put beside its field."""
+        errors = checks.check_preset(preset, environment=False).errors
+        for line in errors:
+            dotted, _, reason = line.partition(": ")
+            self._show_error(dotted.split("."), reason)
+        return errors
+
+    def _show_error(self, loc: list[str], reason: str) -> None:
+        for depth in (2, 1):  # a reward spec's error (rewards.functions.0.name) belongs to rewards.functions
+            target = self.query(f"#err-f-{'--'.join(loc[:depth])}")
+            if target:
+                target.first(Label).update(Text(reason, "red"))
+                return
 
     @on(Input.Changed)
     @on(Select.Changed)
@@ -165,13 +194,26 @@ class PresetEditorScreen(Screen[str | None]):
         if errors or self.valid is None:
             self.notify(errors[0] if errors else "invalid preset", title="Not saved", severity="error")
             return
+        preset = self.valid
+        if not self.overwrites:
+            self._save(preset, overwrite=False)
+            return
+        from grpo_tui.dashboard.screens.confirm import ConfirmScreen
+
+        path = store.user_presets_dir() / f"{preset.name}.toml"
+        self.app.push_screen(
+            ConfirmScreen(f"Replace user preset {preset.name}?", f"{path} is overwritten.", yes="Replace"),
+            lambda yes: self._save(preset, overwrite=True) if yes else None,
+        )
+
+    def _save(self, preset: Preset, overwrite: bool) -> None:
         try:
-            path = store.save_user_preset(self.valid, self.valid.name)
+            path = store.save_user_preset(preset, preset.name, overwrite=overwrite)
         except schema.PresetError as exc:
             self.notify(exc.lines[0], title="Not saved", severity="error")
             return
-        self.notify(f"Saved {path}", title=f"Preset {self.valid.name}")
-        self.dismiss(self.valid.name)
+        self.notify(f"Saved {path}", title=f"Preset {preset.name}")
+        self.dismiss(preset.name)
 
     def action_hold_quit(self) -> None:
         self.notify("Save with ctrl+s or leave with Esc first; then q quits.", severity="warning")

@@ -18,7 +18,8 @@ from textual.widgets.option_list import Option
 from grpo_tui.config import schema, store
 from grpo_tui.config.schema import Preset
 from grpo_tui.dashboard.messages import CompareRequested, OpenRunRequested, RunRequested, ShowRunsRequested
-from grpo_tui.dashboard.runs_location import runs_location
+from grpo_tui.dashboard.paths import shown_path
+from grpo_tui.dashboard.runs_location import runs_location, runs_title
 from grpo_tui.dashboard.widgets.runs_table import RunsTable
 
 
@@ -27,8 +28,10 @@ def preset_fields_table(preset: Preset) -> Table:
     default = Preset().model_dump(mode="json")
     data = preset.model_dump(mode="json")
     table = Table(box=None, expand=True, show_header=False, pad_edge=False, padding=(0, 1))
-    table.add_column("key", style="dim", no_wrap=True, ratio=2)
-    table.add_column("value", ratio=5, overflow="fold")
+    # The key column is as wide as its longest key (never broken mid-word); values wrap at spaces.
+    keys = [key for values in data.values() if isinstance(values, dict) for key in values]
+    table.add_column("key", style="dim", no_wrap=True, min_width=2 + max(map(len, keys), default=0))
+    table.add_column("value", ratio=1, overflow="fold")
     for section, values in data.items():
         if not isinstance(values, dict):
             continue
@@ -55,22 +58,24 @@ def launch_preview(preset: Preset, runs_dir: Path) -> str:
     return launch.format_command(launch.build_launch_command(preset, run_dir), launch.launch_env(preset))
 
 
-def _relative(path: Path, base: Path | None = None) -> Path:
+def _relative(path: Path) -> Path:
     # Shorter to read; the runner passes the absolute form of the same path.
     try:
-        return path.relative_to(base or Path.cwd())
+        return path.relative_to(Path.cwd())
     except ValueError:
         return path
 
 
 class PresetScreen(Screen[None]):
-    """Pick a preset and start it; `e` edits, Enter/`s` starts, the runs table re-attaches."""
+    """Pick a preset and start it; `e` edits, `d` deletes a user preset, Enter/`s` starts, the runs
+    table re-attaches."""
 
     BINDINGS = [
         Binding("s", "start", "Start", id="presets.start"),
         Binding("enter", "enter", "Start / open", priority=True, id="presets.enter"),
         Binding("e", "edit", "Edit", id="presets.edit"),
         Binding("u", "tune", "Tune", show=False, id="presets.tune"),
+        Binding("d", "delete", "Delete", id="presets.delete"),
         Binding("r", "runs", "Runs", id="presets.runs"),
         Binding("c", "compare", "Compare", id="presets.compare"),
         Binding("f5", "reload", "Reload", id="presets.reload"),
@@ -92,14 +97,15 @@ class PresetScreen(Screen[None]):
             with Vertical(id="preset-detail-box", classes="box") as box:
                 box.border_title = "Preset"
                 with VerticalScroll(id="preset-detail-scroll"):
-                    yield Static(id="preset-description")
+                    # The checks first: whether `s` will start it must show in the smallest terminal.
                     yield Static(id="preset-checks")
+                    yield Static(id="preset-description")
                     yield Static(id="preset-fields")
-                with Vertical(id="preset-command-box") as cmd:
+                with VerticalScroll(id="preset-command-box") as cmd:  # scrolls in a short terminal
                     cmd.border_title = "Command that will run"
                     yield Static(id="preset-command")
         with Vertical(id="runs-box", classes="box") as box:
-            box.border_title = f"Runs in {runs_location(self.app).path}"
+            box.border_title = runs_title(self.app)
             yield RunsTable(id="runs-table")
         yield Footer()
 
@@ -121,20 +127,25 @@ class PresetScreen(Screen[None]):
         options = self.query_one("#preset-list", OptionList)
         options.clear_options()
         for entry in self.entries:
-            label = Text.assemble(
-                (entry.name, "bold" if entry.name in self.presets else "red"), ("  " + entry.origin, "dim")
-            )
+            # Built-in is the rule; only a user preset says where it comes from (narrow lists stay one line).
+            origin = "  user" if entry.origin == "user" else ""
+            label = Text.assemble((entry.name, "bold" if entry.name in self.presets else "red"), (origin, "dim"))
             options.add_option(Option(label, id=entry.name))
         names = [e.name for e in self.entries]
         if names:
             options.highlighted = names.index(self._select) if self._select in names else 0
 
     @property
-    def selected_name(self) -> str | None:
+    def selected_entry(self) -> store.PresetEntry | None:
         options = self.query_one("#preset-list", OptionList)
         if options.highlighted is None or not self.entries:
             return None
-        return self.entries[options.highlighted].name
+        return self.entries[options.highlighted]
+
+    @property
+    def selected_name(self) -> str | None:
+        entry = self.selected_entry
+        return entry.name if entry is not None else None
 
     @property
     def selected_preset(self) -> Preset | None:
@@ -148,7 +159,7 @@ class PresetScreen(Screen[None]):
         entry = next(e for e in self.entries if e.name == name)
         box = self.query_one("#preset-detail-box")
         box.border_title = f"{name} · {entry.origin}"
-        box.border_subtitle = str(_relative(entry.path, store.BUILTIN_DIR.parent))
+        box.border_subtitle = "built-in" if entry.origin == "built-in" else shown_path(entry.path)
         preset = self.presets.get(name)
         if preset is None:
             self.query_one("#preset-description", Static).update(Text("This preset does not validate:", "bold red"))
@@ -180,7 +191,7 @@ class PresetScreen(Screen[None]):
     def on_screen_resume(self) -> None:
         # Back from a dashboard or the editor: runs may have started or ended meanwhile.
         self.query_one(RunsTable).refresh_runs()
-        self.query_one("#runs-box").border_title = f"Runs in {runs_location(self.app).path}"
+        self.query_one("#runs-box").border_title = runs_title(self.app)
 
     def action_enter(self) -> None:
         focused = self.focused
@@ -209,11 +220,11 @@ class PresetScreen(Screen[None]):
     def action_edit(self) -> None:
         from grpo_tui.dashboard.screens.preset_editor import PresetEditorScreen
 
-        preset = self.selected_preset
-        if preset is None:
+        preset, entry = self.selected_preset, self.selected_entry
+        if preset is None or entry is None:
             self.notify("Pick a valid preset to edit (invalid files: fix them in an editor).", severity="warning")
             return
-        self.app.push_screen(PresetEditorScreen(preset), self._after_edit)
+        self.app.push_screen(PresetEditorScreen(preset, entry.origin), self._after_edit)
 
     def _after_edit(self, saved_name: str | None) -> None:
         if saved_name:
@@ -226,6 +237,32 @@ class PresetScreen(Screen[None]):
         name = self.selected_name
         if name is not None:
             self.app.push_screen(TuneScreen(name))
+
+    def action_delete(self) -> None:
+        from grpo_tui.dashboard.screens.confirm import ConfirmScreen
+
+        entry = self.selected_entry
+        if entry is None:
+            return
+        if entry.origin != "user":
+            self.notify(f"{entry.name} is built-in (read-only); only user presets can be deleted.", severity="warning")
+            return
+        shadowed = " The built-in preset of this name shows again." if entry.shadows_builtin else ""
+        self.app.push_screen(
+            ConfirmScreen(
+                f"Delete user preset {entry.name}?", f"{shown_path(entry.path)} is removed.{shadowed}", "Delete"
+            ),
+            lambda yes: self._delete(entry.name) if yes else None,
+        )
+
+    def _delete(self, name: str) -> None:
+        try:
+            path = store.delete_user_preset(name)
+        except schema.PresetError as exc:
+            self.notify(exc.lines[0], title="Not deleted", severity="error")
+            return
+        self.notify(f"Deleted {shown_path(path)}", title=f"Preset {name}")
+        self.load_presets()
 
     def action_runs(self) -> None:
         self.post_message(ShowRunsRequested())

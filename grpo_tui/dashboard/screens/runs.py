@@ -10,7 +10,7 @@ from textual.screen import Screen
 from textual.widgets import Footer, Header, Static
 
 from grpo_tui.dashboard.messages import CompareRequested, OpenRunRequested
-from grpo_tui.dashboard.runs_location import runs_location
+from grpo_tui.dashboard.runs_location import runs_title
 from grpo_tui.dashboard.widgets.runs_table import RunsTable
 
 HINT = "Enter open · space mark (two marked: c compares them) · f5 refresh · Escape back"
@@ -28,7 +28,7 @@ class RunsScreen(Screen[None]):
     def compose(self) -> ComposeResult:
         yield Header()
         with Vertical(id="runs-screen-box", classes="box") as box:
-            box.border_title = f"Runs in {runs_location(self.app).path}"
+            box.border_title = runs_title(self.app)
             yield RunsTable(id="runs-screen-table")
         yield Static(HINT, id="runs-hint", classes="hint")
         yield Footer()

@@ -6,6 +6,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Vertical
 from textual.widgets import DataTable, Static
 
 SEVERITY_STYLES = {"critical": "bold white on red", "error": "bold red", "warning": "bold yellow", "info": "cyan"}
@@ -41,13 +43,23 @@ class AlertBanner(Static):
             self.update(Text("\n").join(alert_text(a) for a in list(latest.values())[-4:]))
 
 
-class AlertsPanel(DataTable):
-    """Every alert raised so far, newest first."""
+class AlertsPanel(Vertical):
+    """Every alert raised so far, newest first; says so when there is none yet."""
+
+    DEFAULT_CSS = """
+    AlertsPanel { height: 1fr; }
+    AlertsPanel > #alerts-empty { height: auto; padding: 1 2; color: $text-muted; }
+    AlertsPanel > #alerts-table { height: 1fr; display: none; }
+    AlertsPanel.-some > #alerts-empty { display: none; }
+    AlertsPanel.-some > #alerts-table { display: block; }
+    """
+
+    def compose(self) -> ComposeResult:
+        yield Static("no alerts yet (reward collapse, memory creep, stalls and failures show here)", id="alerts-empty")
+        yield DataTable(id="alerts-table", cursor_type="row", zebra_stripes=True)
 
     def on_mount(self) -> None:
-        self.cursor_type = "row"
-        self.zebra_stripes = True
-        self.add_columns("severity", "step", "kind", "message")
+        self.query_one(DataTable).add_columns("severity", "step", "kind", "message")
         self._shown: tuple[Any, ...] = ()
 
     def show(self, alerts: Sequence[Any]) -> None:
@@ -55,10 +67,12 @@ class AlertsPanel(DataTable):
         if alerts == self._shown:
             return
         self._shown = alerts
-        self.clear()
+        self.set_class(bool(alerts), "-some")
+        table = self.query_one(DataTable)
+        table.clear()
         for alert in reversed(alerts):
             style = SEVERITY_STYLES.get(alert.severity, "")
-            self.add_row(
+            table.add_row(
                 Text(alert.severity, style),
                 "" if alert.step is None else str(alert.step),
                 Text(alert.kind, style),

@@ -43,8 +43,13 @@ class GpuMemoryPanel(Static):
             rank_pids: pid -> rank, to label this run's processes.
             step_peaks: The run's peak MiB of each recent step (from the metrics stream).
         """
-        panel = render_panel(snapshot, history or {}, run_peaks or {}, rank_pids or {}, self.size.width)
-        if step_peaks and isinstance(panel, Group):
+        self._shown = (snapshot, history, run_peaks, rank_pids, step_peaks)
+        compact = self.screen.has_class("-narrow", "-short")  # a small terminal: one line per GPU
+        if compact:
+            panel: Group | Text = render_compact(snapshot, run_peaks or {}, self.size.width)
+        else:
+            panel = render_panel(snapshot, history or {}, run_peaks or {}, rank_pids or {}, self.size.width)
+        if step_peaks and isinstance(panel, Group) and not compact:
             width = max(10, self.size.width - 30)
             recent = step_peaks[-width:]
             lo, hi = min(recent), max(recent)
@@ -61,7 +66,10 @@ class GpuMemoryPanel(Static):
         self._shape = shape
 
     def on_resize(self) -> None:
-        self.refresh()
+        # The layout (full or compact) and bar widths follow the size: draw the last sample again.
+        shown = getattr(self, "_shown", None)
+        if shown is not None:
+            self.show(*shown)
 
 
 def render_panel(
@@ -109,6 +117,46 @@ def render_panel(
             (mib(peak), "bold yellow"),
         )
         rows.extend([head, line1, line2, line3])
+    return Group(*rows)
+
+
+def render_compact(snapshot: Any, run_peaks: Mapping[int, float], width: int) -> Group | Text:
+    """One line per GPU (or one for the host): bar, used/total, utilisation and the run's peak."""
+    if snapshot is None:
+        return Text("sampling…", "dim")
+    bar_w = max(6, width - 50)  # what the GPU line's words take, "GPU0 … 80.0 GiB/140.4 GiB  util …"
+    if not snapshot.gpus:
+        host = snapshot.host
+        frac = (host.ram_used_mib or 0) / host.ram_total_mib if host.ram_total_mib else 0.0
+        peak = max(run_peaks.values()) if run_peaks else None
+        return Group(
+            Text.assemble(
+                ("No GPU · RAM ", "bold yellow"),
+                bar(frac, max(6, bar_w - 8)),
+                " ",
+                (f"{mib(host.ram_used_mib)}/{mib(host.ram_total_mib)}", "bold"),
+                ("  CPU ", "dim"),
+                _na(host.cpu_pct, "{:.0f}%"),
+                ("  peak ", "dim"),
+                (mib(peak), "bold yellow"),
+            )
+        )
+    rows = []
+    for gpu in snapshot.gpus:
+        used, total = gpu.memory_used_mib, gpu.memory_total_mib
+        frac = (used or 0) / total if total else 0.0
+        rows.append(
+            Text.assemble(
+                (f"GPU{gpu.index} ", "bold"),
+                bar(frac, bar_w),
+                " ",
+                (f"{mib(used)}/{mib(total)}", "bold"),
+                ("  util ", "dim"),
+                _na(gpu.utilization_pct, "{:.0f}%"),
+                ("  peak ", "dim"),
+                (mib(run_peaks.get(gpu.index)), "bold yellow"),
+            )
+        )
     return Group(*rows)
 
 
