@@ -236,6 +236,7 @@ def binding_owners() -> list[tuple[str, type]]:
     from grpo_tui.dashboard.screens.preset_editor import PresetEditorScreen
     from grpo_tui.dashboard.screens.presets import PresetScreen
     from grpo_tui.dashboard.screens.runs import RunsScreen
+    from grpo_tui.dashboard.screens.tune import TuneScreen
 
     return [
         ("everywhere", GrpoTuiApp),
@@ -243,6 +244,7 @@ def binding_owners() -> list[tuple[str, type]]:
         ("editor", PresetEditorScreen),
         ("dashboard", DashboardScreen),
         ("runs", RunsScreen),
+        ("tune", TuneScreen),
         ("compare", CompareScreen),
         ("confirm", ConfirmScreen),
         ("quit", QuitScreen),
