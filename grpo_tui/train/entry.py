@@ -159,6 +159,7 @@ def build_trainer(preset: Preset, run: RunDir, callbacks: list | None = None, on
         generation_sub_batch=preset.grpo.generation_sub_batch,
         scoring_sub_batch=preset.grpo.scoring_sub_batch,
         on_step_logged=on_step_logged,
+        profile_dir=str(run.path),
     )
     from transformers import PrinterCallback
 
@@ -233,10 +234,10 @@ class TrainingSession:
     def _on_step_logged(self, trainer: Any, logs: dict[str, Any]) -> None:
         from accelerate.utils import gather_object
 
-        from grpo_tui.train.phase_memory import merge_snapshots
+        from grpo_tui.train.phase_memory import merge_snapshots, merge_times
 
-        snapshot = trainer.phases.snapshot(trainer.phases.take_step())
-        snapshots = gather_object([snapshot]) if self.state.use_distributed else [snapshot]
+        mine = (trainer.phases.snapshot(trainer.phases.take_step()), trainer.phases.take_times())
+        per_rank = gather_object([mine]) if self.state.use_distributed else [mine]
         if self.writer is None:
             return
         record = {"step": trainer.state.global_step, **logs, "loss_impl": trainer.impl_of_step}
@@ -247,7 +248,8 @@ class TrainingSession:
                 record[key] = self._last_reward[key]
             elif record.get(key) is not None:
                 self._last_reward[key] = record[key]
-        record["memory"] = merge_snapshots(snapshots)
+        record["memory"] = merge_snapshots([snapshot for snapshot, _ in per_rank])
+        record.update(merge_times([times for _, times in per_rank]))
         self.writer.write(record)
         self._write_completions(trainer)
 
