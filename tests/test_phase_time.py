@@ -101,3 +101,47 @@ def test_profile_step_env_is_checked(monkeypatch: pytest.MonkeyPatch, tmp_path) 
     profiler = phase_memory.StepProfiler.from_env(tmp_path, cuda=False)
     assert profiler is not None and profiler.step == 3 and profiler.path.name == "profile-step3.txt"
 
+
+def _record(step: int, **times: float) -> dict:
+    phases = {"generation": 100.0, "scoring": 200.0, "loss": 300.0, "optimizer": 50.0}
+    return {"step": step, "memory": {"device": "cpu", "gpus": [], "rss_mib": 900.0, "phases": phases}, **times}
+
+
+def test_phase_rows_show_recent_mean_seconds_and_share_and_tolerate_old_runs() -> None:
+    from grpo_tui.dashboard.feed import PHASE_TIME_STEPS, phase_rows
+    from grpo_tui.dashboard.state import RunState
+
+    old = RunState()
+    old.apply([_record(1), _record(2)])  # written before the time keys existed
+    rows = phase_rows(old)
+    assert rows["loss"]["peak"] == 300.0
+    assert all(row["time_s"] is None and row["share"] is None for row in rows.values())
+
+    state = RunState()
+    records = [_record(1, **{"time_s/generation": 99.0, "time_s/step": 100.0})]  # falls out of the window
+    for step in range(2, PHASE_TIME_STEPS + 2):
+        times = {"generation": 6.0, "scoring": 1.0, "loss": 2.0 + step % 2, "optimizer": 0.5}
+        records.append(_record(step, **{f"time_s/{p}": s for p, s in times.items()}, **{"time_s/step": 10.0}))
+    state.apply(records)
+    rows = phase_rows(state)
+    assert rows["generation"]["time_s"] == pytest.approx(6.0)
+    assert rows["generation"]["share"] == pytest.approx(0.6)
+    assert rows["loss"]["time_s"] == pytest.approx(2.5)
+    assert rows["optimizer"]["share"] == pytest.approx(0.05)
+
+
+def test_phase_table_adds_the_time_column_only_when_times_were_logged() -> None:
+    from rich.console import Console
+
+    from grpo_tui.dashboard.widgets.gpu_memory_panel import phase_table
+
+    def text(rows: dict) -> str:
+        console = Console(width=56, file=io.StringIO(), color_system=None)
+        console.print(phase_table(rows, "chunked → trl at step 3"))
+        return console.file.getvalue()
+
+    timed = {"generation": {"peak": 3 * 1024.0, "time_s": 12.5, "share": 0.62}, "loss": {"peak": 4 * 1024.0}}
+    out = text(timed)
+    assert "time/step" in out and "12.50s 62%" in out and "n/a" in out  # loss logged no time
+    assert all(len(line) <= 56 for line in out.splitlines())
+    assert "time/step" not in text({"loss": {"peak": 4 * 1024.0}})
