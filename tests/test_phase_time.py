@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 
 import pytest
 
@@ -145,3 +146,23 @@ def test_phase_table_adds_the_time_column_only_when_times_were_logged() -> None:
     assert "time/step" in out and "12.50s 62%" in out and "n/a" in out  # loss logged no time
     assert all(len(line) <= 56 for line in out.splitlines())
     assert "time/step" not in text({"loss": {"peak": 4 * 1024.0}})
+
+
+def test_step_times_script_reads_the_phase_times_of_a_run(tmp_path, capsys) -> None:
+    import importlib.util
+    from pathlib import Path
+
+    from grpo_tui.tools.demo import make_run
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "step_times.py"
+    spec = importlib.util.spec_from_file_location("step_times", script)
+    step_times = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(step_times)
+    run = make_run(tmp_path / "run", steps=3, n_gpus=1)
+    out = tmp_path / "rows.json"
+    assert step_times.main(["--skip-step", "3", "--out", str(out), f"chunked/64={run.path}", "trl/64=/nope"]) == 0
+    chunked, missing = json.loads(out.read_text())
+    assert chunked["step"] == 2 and chunked["step_s"] > sum(chunked["phases_s"].values()) > 0
+    assert chunked["peak_gib"] > 0 and missing["error"] == "no step record"
+    table = capsys.readouterr().out
+    assert "| chunked | 64 | 2 |" in table and "| trl | 64 | failed: no step record |" in table
