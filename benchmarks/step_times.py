@@ -39,7 +39,7 @@ def row(label: str, path: Path, skip: set[int]) -> dict[str, Any]:
     out.update(
         step=step["step"],
         step_s=step.get(STEP_TIME_KEY),
-        trl_step_time_s=step.get("step_time"),
+        trl_step_time_s=round(step["step_time"], 4) if isinstance(step.get("step_time"), float) else None,
         phases_s={phase: step.get(phase_time_key(phase)) for phase in PHASES},
         peak_gib=round(max(g["peak_mib"] for g in gpus) / 1024, 2) if gpus else None,
     )
