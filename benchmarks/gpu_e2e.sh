@@ -3,7 +3,7 @@
 #
 # Run from the repository root on a CUDA machine that has torch, triton, transformers, accelerate and
 # peft (the device image), with the missing packages as wheels in .whl/ and GSM8K in .devdata/:
-#   bash benchmarks/gpu_e2e.sh PHASE...     PHASE: tests kernel memory memory2 concurrent rollout dashboard
+#   bash benchmarks/gpu_e2e.sh PHASE...     PHASE: tests kernel memory memory2 concurrent rollout dashboard profile
 # Results land in $OUT (default ./gpu-out): one folder per phase plus a log; a table is printed last.
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu-out}
@@ -91,7 +91,31 @@ for phase in "$@"; do
         --set grpo.per_device_batch_size=16 --set grpo.max_completion_length=128 --set grpo.max_steps=200 \
         --set 'rewards.functions=[{name="gsm8k_format",weight=1.0},{name="length_penalty",weight=1.0}]' 2>&1 | tail -4
       ;;
-    *) echo "unknown phase $phase; allowed: tests kernel memory memory2 concurrent rollout dashboard" >&2; exit 2 ;;
+    profile)
+      # The chunked-vs-trl step-time gap (issue 12): each impl and batch a fresh headless run whose step
+      # records carry per-phase times (time_s/*); at batch 64, step 3 also runs under torch.profiler
+      # (GRPO_TUI_PROFILE_STEP) and its operator tables land in the run folder. ~6 min on an H200.
+      build_model || exit 1
+      labels=()
+      for impl in chunked trl; do
+        for batch in ${PROFILE_BATCHES:-64 128}; do
+          steps=2; profile=
+          if [ "$batch" = 64 ]; then steps=3; profile=3; fi
+          runs=/tmp/runs-profile-$impl-$batch
+          rm -rf "$runs"
+          GRPO_TUI_PROFILE_STEP=$profile timeout 200 python3 -m grpo_tui.cli run qwen3-0.6b-gsm8k --headless \
+            "${E2E_SETS[@]}" --set loss.impl=$impl --set grpo.per_device_batch_size=$batch \
+            --set grpo.max_steps=$steps --set logging.save_steps=0 --runs-dir "$runs" > "$OUT/profile-$impl-$batch.log" 2>&1
+          echo "$impl batch $batch: exit $? $(tail -1 "$OUT/profile-$impl-$batch.log")"
+          mkdir -p "$OUT/profile/$impl-$batch"
+          cp "$runs"/*/metrics.jsonl "$runs"/*/profile-step*.txt "$OUT/profile/$impl-$batch/" 2>/dev/null
+          labels+=("$impl/$batch=$OUT/profile/$impl-$batch")
+        done
+      done
+      python3 benchmarks/step_times.py --skip-step 3 --out "$OUT/profile/step-times.json" "${labels[@]}" \
+        | tee "$OUT/profile/step-times.md"
+      ;;
+    *) echo "unknown phase $phase; allowed: tests kernel memory memory2 concurrent rollout dashboard profile" >&2; exit 2 ;;
   esac
 done
 echo "=== done $(date -u +%T)"

@@ -49,7 +49,7 @@ def child(preset_name: str, rollout: int, overrides: list[str]) -> dict[str, Any
     from grpo_tui.config.store import load_preset
     from grpo_tui.runs.folder import RunDir
     from grpo_tui.train.assemble import build_trainer
-    from grpo_tui.train.phase_memory import MIB, _rss_mib
+    from grpo_tui.train.phase_memory import MIB, rss_mib
 
     preset, _ = load_preset(
         preset_name, [*overrides, f"grpo.per_device_batch_size={rollout}", "grpo.gradient_accumulation_steps=1"]
@@ -66,7 +66,7 @@ def child(preset_name: str, rollout: int, overrides: list[str]) -> dict[str, Any
 
             gc.collect()
             ctypes.CDLL("libc.so.6").malloc_trim(0)
-        before = torch.cuda.memory_allocated() / MIB if cuda else _rss_mib()
+        before = torch.cuda.memory_allocated() / MIB if cuda else rss_mib()
         trainer.phases.take_step()
         start = time.perf_counter()
         out = trainer._generate_and_score_completions(rows)

@@ -76,6 +76,9 @@ def test_step_records_are_complete(impl_runs: dict) -> None:
         memory = record["memory"]
         assert memory["device"] == "cpu" and memory["rss_mib"] > 0
         assert set(memory["phases"]) == {"generation", "scoring", "loss", "optimizer"}
+        phase_times = [record[f"time_s/{phase}"] for phase in ("generation", "scoring", "loss", "optimizer")]
+        assert all(seconds > 0 for seconds in phase_times), phase_times
+        assert sum(phase_times) <= record["time_s/step"] + 1e-3  # rounding to 0.1 ms per field
 
 
 def test_switch_and_malformed_control(tiny_model_path: Path, tmp_path: Path, impl_runs: dict) -> None:
@@ -223,7 +226,7 @@ def test_phase_memory_charges_the_innermost_phase(monkeypatch: pytest.MonkeyPatc
     from grpo_tui.train import phase_memory
 
     rss = iter([100.0, 100.0, 150.0, 400.0, 160.0, 170.0, 170.0] + [170.0] * 20)
-    monkeypatch.setattr(phase_memory, "_rss_mib", lambda: next(rss))
+    monkeypatch.setattr(phase_memory, "rss_mib", lambda: next(rss))
     monkeypatch.setattr(phase_memory, "_reset_rss_peak", lambda: False)  # the boundary-sampling fallback
     phases = phase_memory.PhaseMemory("cpu")
     assert not phases.rss_hwm
@@ -252,7 +255,7 @@ def test_phase_memory_on_cpu_catches_a_spike_freed_before_the_phase_ends() -> No
         with phases.track("generation"):
             spike = torch.ones(96 * 2**20)  # 384 MiB, touched, then gone before the phase ends
             del spike
-        after = phase_memory._rss_mib()
+        after = phase_memory.rss_mib()
     peaks = phases.take_step()
     assert peaks["generation"] >= after + 300  # boundary samples alone would have missed it
     assert peaks["scoring"] < peaks["generation"] - 300  # the enclosing phase resumes with a fresh peak
@@ -341,3 +344,18 @@ def test_naive_entropy_is_a_metric_kept_out_of_the_loss_graph() -> None:
     torch.testing.assert_close(ent, ent_g.detach())
     torch.testing.assert_close(logps, logps_g)
     assert naive_logps_and_entropies(logits, ids, 0.7, entropy=False)[1] is None
+
+
+def test_profile_step_writes_the_operator_tables(
+    tiny_model_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from grpo_tui.train.phase_memory import PROFILE_STEP_ENV
+
+    monkeypatch.setenv(PROFILE_STEP_ENV, "2")
+    run = make_run(tmp_path, "profiled", grpo={"max_steps": 2})
+    code, steps, _ = run_steps(run)
+    assert code == 0 and [r["step"] for r in steps] == [1, 2]
+    table = (run.path / "profile-step2.txt").read_text()
+    assert "optimizer step 2" in table and "cpu_time_total" in table
+    assert "aten::" in table  # operator rows, not just the header
+    assert not (run.path / "profile-step1.txt").exists()

@@ -23,7 +23,7 @@ from grpo_tui.dashboard.state import PEAK_MIB, RunState, phase_series
 from grpo_tui.runs.completions import CompletionIndex, PromptGroup
 from grpo_tui.runs.folder import RunDir, read_json
 from grpo_tui.runs.listing import read_config
-from grpo_tui.runs.metrics import PHASES
+from grpo_tui.runs.metrics import PHASES, STEP_TIME_KEY, phase_time_key
 from grpo_tui.runs.status import LIVE_STATES, RunStatus, judge
 
 # Points per drawn series: about two per cell of a wide chart, so nothing visible is lost.
@@ -45,6 +45,8 @@ LOG_START_BYTES = 64 * 1024
 STATUS_EVERY_S = 2.0
 # Monitor samples kept for the memory sparklines (one per poll).
 MEMORY_SAMPLES = 240
+# Recent steps over which each phase's mean seconds and share of the step are shown.
+PHASE_TIME_STEPS = 20
 
 
 @dataclass(frozen=True)
@@ -255,9 +257,12 @@ def _pair(series: tuple[list[float], ...]) -> tuple[list[float], list[float]]:
 
 
 def phase_rows(state: RunState) -> dict[str, dict[str, float | None]]:
-    """Per phase: last step's peak, run peak, and peaks before / after the latest switch."""
+    """Per phase: last step's peak, run peak, peaks before / after the latest switch, and the mean
+    seconds of the recent steps with their share of the step (None for runs that logged no times)."""
     rows: dict[str, dict[str, float | None]] = {}
+    step_s = _recent_mean(state, STEP_TIME_KEY)
     for phase in PHASES:
+        seconds = _recent_mean(state, phase_time_key(phase))
         last = state.last(phase_series(phase))
         if last is None and phase not in state.phase_peaks:
             continue
@@ -266,8 +271,15 @@ def phase_rows(state: RunState) -> dict[str, dict[str, float | None]]:
             "peak": state.phase_peaks.get(phase),
             "before": state.phase_peaks_before_switch.get(phase),
             "after": state.phase_peaks_since_switch.get(phase),
+            "time_s": seconds,
+            "share": seconds / step_s if seconds is not None and step_s else None,
         }
     return rows
+
+
+def _recent_mean(state: RunState, name: str) -> float | None:
+    values = [v for v in state.column(name)[-PHASE_TIME_STEPS:] if not math.isnan(v)]
+    return sum(values) / len(values) if values else None
 
 
 def _memory_history(history: GpuHistory) -> dict[int, list[float | None]]:

@@ -13,6 +13,15 @@ Step records (one per logged optimizer step) have no `event` key and carry at le
         rss_mib: float,                                            # this process's host memory
         phases: {generation, scoring, loss, optimizer},            # peak MiB of each phase this step
     }
+    time_s/generation, time_s/scoring, time_s/loss, time_s/optimizer: float
+                              wall seconds of each phase this step (0 when it did not run), charged
+                              like the memory peaks to the innermost phase running (generation runs
+                              inside scoring, scoring inside loss): loss is forward+backward only.
+                              On CUDA measured between device synchronizations. Mean over ranks.
+    time_s/step: float        the step's wall seconds, from its first phase's start to its last one's
+                              end (>= the sum of the phases; the rest is gradient clipping and the like).
+                              TRL's own `step_time` (below) leaves the optimizer out.
+                              Runs written before these keys existed lack them (readers show nothing).
 plus every metric TRL logs under TRL's own name (e.g. `rewards/<func>/mean`, `frac_reward_zero_std`,
 `kl`, `entropy`, `clip_ratio/region_mean`, `completions/mean_length`, `grad_norm`, `learning_rate`,
 `step_time`, `num_tokens`).
@@ -46,6 +55,14 @@ EVENTS = frozenset(
     {"start", "finish", "error", "oom", "loss_impl_switch", "control_error", "stop_requested", "checkpoint"}
 )
 PHASES = ("generation", "scoring", "loss", "optimizer")
+# Step-record key of a step's wall seconds (first phase start to last phase end).
+STEP_TIME_KEY = "time_s/step"
+
+
+def phase_time_key(phase: str) -> str:
+    """Step-record key of a phase's wall seconds (phase in PHASES)."""
+    return f"time_s/{phase}"
+
 
 # Bytes read from the end of metrics.jsonl for a run's latest state (enough for several step records).
 TAIL_BYTES = 64 * 1024

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from grpo_tui.runs.metrics import PHASES, SCHEMA_VERSION, last_step
+from grpo_tui.runs.metrics import PHASES, SCHEMA_VERSION, STEP_TIME_KEY, last_step, phase_time_key
 
 # Fixed wall-clock origin of a recorded run (2026-01-01 00:00:00 UTC) so files are reproducible.
 T0 = 1767225600.0
@@ -93,6 +93,11 @@ def step_record(
         "step_time": _fmt(STEP_SECONDS * (0.9 + 0.2 * rng.random())),
         "loss_impl": loss_impl,
     }
+    # Per-phase seconds derived from step_time, not drawn from rng: the other values stay as they were.
+    step_s = record["step_time"] * 1.1
+    shares = {"generation": 0.55, "scoring": 0.12, "loss": 0.22 if loss_impl == "chunked" else 0.18, "optimizer": 0.06}
+    record.update({phase_time_key(p): _fmt(step_s * shares[p]) for p in PHASES})
+    record[STEP_TIME_KEY] = _fmt(step_s)
     for name, value in funcs.items():
         record[f"rewards/{name}/mean"] = _fmt(value)
         record[f"rewards/{name}/std"] = _fmt(0.3 * (1 - 0.5 * progress))

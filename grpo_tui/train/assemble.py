@@ -87,6 +87,7 @@ def build_trainer(preset: Preset, run: RunDir, callbacks: list | None = None, on
         generation_sub_batch=preset.grpo.generation_sub_batch,
         scoring_sub_batch=preset.grpo.scoring_sub_batch,
         on_step_logged=on_step_logged,
+        profile_dir=str(run.path),
     )
     from transformers import PrinterCallback
 

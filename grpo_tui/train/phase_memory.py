@@ -1,9 +1,17 @@
-"""Per-phase peak memory of one training step: generation, scoring, loss, optimizer.
+"""Per-phase peak memory and wall time of one training step: generation, scoring, loss, optimizer.
 
 On CUDA the peak of a phase is `torch.cuda.max_memory_allocated` after resetting the peak statistics
 at the phase's start. Phases nest (TRL generates inside `training_step`), so entering a phase closes
 the measurement of the enclosing one and leaving it resumes the enclosing one with a fresh peak: each
 byte is charged to the innermost phase that was running.
+
+Wall time follows the same rule: each second goes to the innermost phase running. On CUDA every phase
+boundary first synchronizes the device: kernels run asynchronously, so without it a phase would be
+charged for the queued work of the one before (the backward's kernels would land in `optimizer`). A
+few synchronizations per step cost little beside phases that last seconds.
+
+$GRPO_TUI_PROFILE_STEP=N wraps the Nth optimizer step this process runs in torch.profiler and writes
+its `key_averages` tables to the run folder (`StepProfiler`).
 
 On the CPU there is no allocator peak to read: the figure is the process's peak RSS. On Linux the
 kernel keeps that high-water mark (VmHWM in /proc/self/status) and resets it on request (writing 5 to
@@ -15,13 +23,21 @@ growth across phases but not spikes inside one.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
+
+from grpo_tui.runs.metrics import PHASES, STEP_TIME_KEY, phase_time_key
 
 MIB = 2**20
 # `grpo-tui max-batch --memory-cap GiB` sets this to emulate a smaller card (read by each training process).
 MEMORY_CAP_ENV = "GRPO_TUI_MEMORY_CAP_GIB"
+# The optimizer step (1-based, counted by this process) to run under torch.profiler; unset: none.
+PROFILE_STEP_ENV = "GRPO_TUI_PROFILE_STEP"
+# Rows of each profiler table: the top operators, enough to see where a step's time goes.
+PROFILE_ROWS = 25
 
 
 def apply_memory_cap(device: Any) -> float | None:
@@ -47,7 +63,8 @@ def apply_memory_cap(device: Any) -> float | None:
     return cap_gib
 
 
-def _rss_mib() -> float:
+def rss_mib() -> float:
+    """This process's resident memory now, in MiB."""
     import psutil
 
     return psutil.Process(os.getpid()).memory_info().rss / MIB
@@ -76,17 +93,35 @@ def _rss_peak_mib() -> float | None:
 
 
 class PhaseMemory:
-    """Tracks peak MiB per phase since the last `take_step()`; `failed_phase` is set by an OOM."""
+    """Peak MiB and wall seconds per phase since the last `take_step()` / `take_times()`.
 
-    def __init__(self, device: Any = None) -> None:
+    Args:
+        device: The device whose memory is tracked (CPU: this process's RSS).
+        clock: Seconds as a float; a test passes a fake one.
+        profiler: Profiles one optimizer step (see `StepProfiler`), or None.
+
+    `failed_phase` is set by an OOM.
+    """
+
+    def __init__(
+        self, device: Any = None, clock: Callable[[], float] = time.perf_counter, profiler: StepProfiler | None = None
+    ) -> None:
         import torch
 
         self.device = torch.device(device) if device is not None else torch.device("cpu")
         self.cuda = self.device.type == "cuda" and torch.cuda.is_available()
         self.peaks: dict[str, float] = {}
+        self.times: dict[str, float] = {}
         self.failed_phase: str | None = None
+        self.steps_done = 0  # optimizer steps ended in this process, ever (the profiler counts on it)
+        self.profiler = profiler
+        self._clock = clock
         self._stack: list[str] = []
         self._start_rss = 0.0
+        self._mark = 0.0  # when the innermost phase's time was last charged
+        self._span: list[float] = []  # [first phase start, last phase end] since the last take_times()
+        self._steps_taken = 0  # optimizer steps since the last take_times()
+        self._step_open = False  # a phase of an optimizer step not yet ended has begun
         # Linux: true per-phase RSS peaks from the kernel's resettable high-water mark.
         self.rss_hwm = not self.cuda and _reset_rss_peak() and _rss_peak_mib() is not None
 
@@ -94,16 +129,24 @@ class PhaseMemory:
     def current(self) -> str | None:
         return self._stack[-1] if self._stack else None
 
+    def _now(self) -> float:
+        if self.cuda:
+            import torch
+
+            torch.cuda.synchronize(self.device)  # the phase's queued kernels belong to the phase
+        return self._clock()
+
     def _sample_peak(self) -> float:
         if self.cuda:
             import torch
 
             return torch.cuda.max_memory_allocated(self.device) / MIB
         if self.rss_hwm:
-            return _rss_peak_mib() or _rss_mib()
-        return max(self._start_rss, _rss_mib())
+            return _rss_peak_mib() or rss_mib()
+        return max(self._start_rss, rss_mib())
 
-    def _restart(self) -> None:
+    def _restart(self, now: float) -> None:
+        self._mark = now
         if self.cuda:
             import torch
 
@@ -111,26 +154,43 @@ class PhaseMemory:
         elif self.rss_hwm:
             _reset_rss_peak()
         else:
-            self._start_rss = _rss_mib()
+            self._start_rss = rss_mib()
 
-    def _close_current(self) -> None:
+    def _close_current(self, now: float) -> None:
         phase = self.current
         if phase is not None:
             self.peaks[phase] = max(self.peaks.get(phase, 0.0), self._sample_peak())
+            self.times[phase] = self.times.get(phase, 0.0) + now - self._mark
+            self._mark = now
 
     def begin(self, phase: str) -> None:
-        self._close_current()
+        if not self._stack and not self._step_open:
+            self._step_open = True
+            if self.profiler is not None:
+                self.profiler.step_starting(self.steps_done + 1)
+        now = self._now()
+        self._close_current(now)
         self._stack.append(phase)
-        self._restart()
+        if not self._span:
+            self._span = [now, now]
+        self._restart(now)
 
     def end(self, phase: str) -> None:
         if phase not in self._stack:
             return
+        now = self._now()
         while self._stack:
-            self._close_current()
+            self._close_current(now)
             if self._stack.pop() == phase:
                 break
-        self._restart()
+        self._restart(now)
+        self._span[1] = now
+        if phase == "optimizer" and not self._stack:  # the optimizer closes an optimizer step
+            self.steps_done += 1
+            self._steps_taken += 1
+            self._step_open = False
+            if self.profiler is not None:
+                self.profiler.step_ended(self.steps_done)  # after the span's end: the table is no step's work
 
     @contextmanager
     def track(self, phase: str) -> Iterator[None]:
@@ -149,6 +209,23 @@ class PhaseMemory:
         peaks = {name: round(value, 2) for name, value in self.peaks.items()}
         self.peaks = {}
         return peaks
+
+    def take_times(self) -> dict[str, float]:
+        """Seconds per optimizer step since the last call, as step-record fields; starts a new collection.
+
+        `time_s/<phase>` for every phase of metrics.PHASES (0 when it did not run) and any other phase
+        tracked, and `time_s/step`: from the first phase's start to the last one's end, so the time
+        between phases (gradient clipping, the scheduler) is in the step but in no phase. Empty when no
+        phase ran. With several optimizer steps per record (logging_steps > 1) each value is their mean.
+        """
+        if not self._span:
+            return {}
+        steps = max(1, self._steps_taken)
+        seconds = {phase: 0.0 for phase in PHASES} | self.times
+        fields = {phase_time_key(phase): round(value / steps, 4) for phase, value in seconds.items()}
+        fields[STEP_TIME_KEY] = round((self._span[1] - self._span[0]) / steps, 4)
+        self.times, self._span, self._steps_taken = {}, [], 0
+        return fields
 
     def snapshot(self, phases: dict[str, float]) -> dict[str, Any]:
         """This process's `memory` record (see metrics.py); `peak_mib` is the max over the step's phases."""
@@ -170,9 +247,57 @@ class PhaseMemory:
         return {
             "device": "cuda" if self.cuda else "cpu",
             "gpus": gpus,
-            "rss_mib": round(_rss_mib(), 2),
+            "rss_mib": round(rss_mib(), 2),
             "phases": phases,
         }
+
+
+class StepProfiler:
+    """torch.profiler over one optimizer step; its operator tables go to a text file.
+
+    Two tables of the top `PROFILE_ROWS` operators: by total device time (CPU time without CUDA), which
+    shows the step's big blocks with their children, and by self device time, which names the kernels
+    that are the time. The profiled step is slower than the others (the profiler's overhead): compare
+    step times from unprofiled steps.
+    """
+
+    def __init__(self, step: int, path: Path, cuda: bool) -> None:
+        self.step, self.path, self.cuda = step, path, cuda
+        self._profile: Any = None
+
+    @classmethod
+    def from_env(cls, run_path: Path, cuda: bool) -> StepProfiler | None:
+        """The profiler $GRPO_TUI_PROFILE_STEP asks for, writing into `run_path`; None when unset."""
+        raw = os.environ.get(PROFILE_STEP_ENV)
+        if not raw:
+            return None
+        if not raw.isdigit() or int(raw) < 1:
+            raise ValueError(f"{PROFILE_STEP_ENV}: got {raw!r}; allowed: an optimizer step number from 1")
+        rank = os.environ.get("RANK", "0")
+        suffix = "" if rank == "0" else f"-rank{rank}"
+        return cls(int(raw), Path(run_path) / f"profile-step{raw}{suffix}.txt", cuda)
+
+    def step_starting(self, step: int) -> None:
+        if step != self.step or self._profile is not None:
+            return
+        from torch.profiler import ProfilerActivity, profile
+
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.cuda else [])
+        self._profile = profile(activities=activities)
+        self._profile.__enter__()
+
+    def step_ended(self, step: int) -> None:
+        if step != self.step or self._profile is None:
+            return
+        self._profile.__exit__(None, None, None)
+        averages = self._profile.key_averages()
+        device = "device" if self.cuda else "cpu"
+        parts = [f"# torch.profiler, optimizer step {step} of this process ({device} time)\n"]
+        for sort in (f"{device}_time_total", f"self_{device}_time_total"):
+            parts.append(f"\n## top {PROFILE_ROWS} by {sort}\n")
+            parts.append(averages.table(sort_by=sort, row_limit=PROFILE_ROWS, max_name_column_width=60))
+        self.path.write_text("".join(parts) + "\n", encoding="utf-8")
+        self._profile = None
 
 
 def _is_oom(exc: BaseException) -> bool:
@@ -194,3 +319,9 @@ def merge_snapshots(snapshots: list[dict[str, Any]]) -> dict[str, Any]:
         "rss_mib": max(snap["rss_mib"] for snap in snapshots),
         "phases": phases,
     }
+
+
+def merge_times(per_rank: list[dict[str, float]]) -> dict[str, float]:
+    """One record's `time_s/*` fields from every rank's: the mean over ranks, so phases still sum to <= step."""
+    keys = sorted({key for times in per_rank for key in times})
+    return {key: round(sum(times.get(key, 0.0) for times in per_rank) / len(per_rank), 4) for key in keys}

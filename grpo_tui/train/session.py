@@ -97,10 +97,10 @@ class TrainingSession:
     def _on_step_logged(self, trainer: Any, logs: dict[str, Any]) -> None:
         from accelerate.utils import gather_object
 
-        from grpo_tui.train.phase_memory import merge_snapshots
+        from grpo_tui.train.phase_memory import merge_snapshots, merge_times
 
-        snapshot = trainer.phases.snapshot(trainer.phases.take_step())
-        snapshots = gather_object([snapshot]) if self.state.use_distributed else [snapshot]
+        mine = (trainer.phases.snapshot(trainer.phases.take_step()), trainer.phases.take_times())
+        per_rank = gather_object([mine]) if self.state.use_distributed else [mine]
         if self.writer is None:
             self._pending.clear()  # only the main process writes events
             return
@@ -112,7 +112,8 @@ class TrainingSession:
                 record[key] = self._last_reward[key]
             elif record.get(key) is not None:
                 self._last_reward[key] = record[key]
-        record["memory"] = merge_snapshots(snapshots)
+        record["memory"] = merge_snapshots([snapshot for snapshot, _ in per_rank])
+        record.update(merge_times([times for _, times in per_rank]))
         self.writer.write(record)
         self._flush_pending()
         self._write_completions(trainer)

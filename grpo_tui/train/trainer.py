@@ -117,10 +117,11 @@ class GrpoTuiTrainer(GRPOTrainer):
         generation_sub_batch: int | None = None,
         scoring_sub_batch: int | None = None,
         phases: Any = None,
+        profile_dir: str | None = None,
         on_step_logged: Callable[[GrpoTuiTrainer, dict[str, Any]], None] | None = None,
         **kwargs: Any,
     ) -> None:
-        from grpo_tui.train.phase_memory import PhaseMemory
+        from grpo_tui.train.phase_memory import PhaseMemory, StepProfiler
 
         self.loss_impl = loss_impl
         self.impl_of_step = loss_impl  # the impl that computed the current step's loss
@@ -130,7 +131,12 @@ class GrpoTuiTrainer(GRPOTrainer):
         self.scoring_sub_batch = scoring_sub_batch
         self.on_step_logged = on_step_logged
         super().__init__(*args, **kwargs)
-        self.phases = phases if phases is not None else PhaseMemory(self.accelerator.device)
+        if phases is None:
+            # $GRPO_TUI_PROFILE_STEP profiles one step into the run folder (profile_dir); None: no profiling.
+            cuda = self.accelerator.device.type == "cuda"
+            profiler = StepProfiler.from_env(profile_dir, cuda) if profile_dir is not None else None
+            phases = PhaseMemory(self.accelerator.device, profiler=profiler)
+        self.phases = phases
         add_hidden_states_forward(_peft_base(self.model))
         if self.ref_model is not None:
             add_hidden_states_forward(self.ref_model)

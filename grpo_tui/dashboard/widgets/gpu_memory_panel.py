@@ -188,19 +188,30 @@ def _host_panel(snapshot: Any, history: Sequence[float], rss_peak: float | None,
 
 
 def phase_table(peaks: Mapping[str, Mapping[str, float | None]], switch: str | None) -> Table:
-    """Per-phase peak MiB: last step, run peak, and before/after the loss-impl switch when there is one."""
-    table = Table(box=None, expand=True, pad_edge=False, header_style="bold")
+    """Per-phase peak MiB (last step, run peak, before/after the loss-impl switch when there is one) and,
+    when the run logs them, mean seconds per step and share of the step time over the recent steps."""
+    # Collapsed padding: one space between columns, so switch and time columns fit the panel's ~56 cells.
+    table = Table(box=None, expand=True, pad_edge=False, collapse_padding=True, header_style="bold")
     table.add_column("phase")
     table.add_column("last", justify="right")
     table.add_column("peak", justify="right")
     if switch:
         table.add_column("before", justify="right")
         table.add_column("after", justify="right")
+    timed = any(v.get("time_s") is not None for v in peaks.values())
+    if timed:
+        table.add_column("time/step", justify="right")  # mean seconds and share of the step
     top = max((v.get("peak") or 0 for v in peaks.values()), default=0)
+    slowest = max((v.get("time_s") or 0 for v in peaks.values()), default=0)
     for phase, v in peaks.items():
         style = "bold yellow" if top and v.get("peak") == top else ""
         row = [phase, mib(v.get("last")), Text(mib(v.get("peak")), style)]
         if switch:
             row += [mib(v.get("before")), mib(v.get("after"))]
+        if timed:
+            seconds, share = v.get("time_s"), v.get("share")
+            style = "bold cyan" if slowest and seconds == slowest else ""
+            cell = "n/a" if seconds is None else f"{seconds:.2f}s {_na(share, '{:>3.0%}')}"
+            row.append(Text(cell, style))
         table.add_row(*row)
     return table

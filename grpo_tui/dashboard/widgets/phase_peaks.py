@@ -1,5 +1,6 @@
-"""Peak memory of each training phase (generation / scoring / loss / optimizer), before and after
-the loss-impl switch, with the phase that holds the peak highlighted."""
+"""Peak memory and time of each training phase (generation / scoring / loss / optimizer): peaks before
+and after the loss-impl switch, mean seconds per step and share of the step, the phase that holds the
+peak and the slowest phase highlighted."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from grpo_tui.dashboard.widgets.gpu_memory_panel import phase_table
 
 
 class PhasePeaks(Static):
-    """`show({phase: {last, peak, before, after}}, switch_label)`."""
+    """`show({phase: {last, peak, before, after, time_s, share}}, switch_label)`."""
 
     DEFAULT_CSS = """
     PhasePeaks { height: auto; }

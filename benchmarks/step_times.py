@@ -1,0 +1,81 @@
+"""Step time, per-phase times and peak of finished runs, from their metrics.jsonl: one table row per run.
+
+    python benchmarks/step_times.py [--out table.json] LABEL=RUN_DIR_OR_METRICS ...
+
+LABEL is `impl/batch` (e.g. `chunked/64`). Each row is one step of the run: the last one, except a
+profiled step (`--skip-step N`: the profiler slows it) and except step 1 when a later one is left (the
+first step compiles and autotunes). Prints a markdown table; `--out` also writes the rows as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from grpo_tui.runs.metrics import PHASES, STEP_TIME_KEY, phase_time_key, read_records, step_records
+
+
+def pick_step(steps: list[dict[str, Any]], skip: set[int]) -> dict[str, Any] | None:
+    """The last step not in `skip`, avoiding step 1 when a later one is left."""
+    candidates = [r for r in steps if r.get("step") not in skip]
+    later = [r for r in candidates if r.get("step") != 1]
+    chosen = later or candidates
+    return chosen[-1] if chosen else None
+
+
+def row(label: str, path: Path, skip: set[int]) -> dict[str, Any]:
+    metrics = path / "metrics.jsonl" if path.is_dir() else path
+    impl, _, batch = label.partition("/")
+    out: dict[str, Any] = {"impl": impl, "batch": batch, "metrics": str(metrics)}
+    records = read_records(metrics) if metrics.is_file() else []
+    step = pick_step(step_records(records), skip)
+    errors = [r.get("message") or r.get("event") for r in records if r.get("event") in ("error", "oom")]
+    if step is None:
+        out["error"] = errors[-1] if errors else "no step record"
+        return out
+    gpus = (step.get("memory") or {}).get("gpus") or []
+    out.update(
+        step=step["step"],
+        step_s=step.get(STEP_TIME_KEY),
+        trl_step_time_s=round(step["step_time"], 4) if isinstance(step.get("step_time"), float) else None,
+        phases_s={phase: step.get(phase_time_key(phase)) for phase in PHASES},
+        peak_gib=round(max(g["peak_mib"] for g in gpus) / 1024, 2) if gpus else None,
+    )
+    return out
+
+
+def markdown(rows: list[dict[str, Any]]) -> str:
+    head = ["impl", "batch", "step", "step s", *(f"{p} s" for p in PHASES), "TRL step_time s", "peak GiB"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['impl']} | {r['batch']} | failed: {r['error']} |")
+            continue
+        cells = [r["impl"], r["batch"], r["step"], r["step_s"], *r["phases_s"].values(), r["trl_step_time_s"]]
+        cells.append(r["peak_gib"])
+        lines.append("| " + " | ".join("–" if c is None else str(c) for c in cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("runs", nargs="+", metavar="LABEL=PATH")
+    parser.add_argument("--skip-step", type=int, action="append", default=[], help="a profiled step to leave out")
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args(argv)
+    rows = []
+    for spec in args.runs:
+        label, sep, path = spec.partition("=")
+        if not sep:
+            parser.error(f"runs: got {spec!r}; allowed: LABEL=PATH, e.g. chunked/64=/tmp/runs/x")
+        rows.append(row(label, Path(path), set(args.skip_step)))
+    print(markdown(rows))
+    if args.out is not None:
+        args.out.write_text(json.dumps(rows, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,168 @@
+"""Per-phase wall time: the innermost phase is charged, per optimizer step, merged over ranks."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+
+from grpo_tui.train import phase_memory
+
+
+class FakeClock:
+    """A clock that moves only when told."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def tick(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def _phases(clock: FakeClock) -> phase_memory.PhaseMemory:
+    return phase_memory.PhaseMemory("cpu", clock=clock)
+
+
+def test_time_goes_to_the_innermost_phase() -> None:
+    clock = FakeClock()
+    phases = _phases(clock)
+    with phases.track("loss"):
+        clock.tick(1.0)  # loss
+        with phases.track("scoring"):
+            clock.tick(2.0)  # scoring
+            with phases.track("generation"):
+                clock.tick(4.0)  # generation
+            clock.tick(8.0)  # scoring again
+        clock.tick(16.0)  # loss again
+    clock.tick(32.0)  # between phases (gradient clipping): in the step, in no phase
+    with phases.track("optimizer"):
+        clock.tick(64.0)
+    clock.tick(1000.0)  # after the step (logging): in nothing
+    times = phases.take_times()
+    assert times == {
+        "time_s/generation": 4.0,
+        "time_s/scoring": 10.0,
+        "time_s/loss": 17.0,
+        "time_s/optimizer": 64.0,
+        "time_s/step": 127.0,
+    }
+    assert phases.take_times() == {}  # a new collection; nothing ran since
+
+
+def test_a_phase_that_did_not_run_is_zero_and_steps_are_averaged() -> None:
+    clock = FakeClock()
+    phases = _phases(clock)
+    for loss_s in (1.0, 3.0):  # two optimizer steps in one record (logging_steps = 2), no generation
+        with phases.track("loss"):
+            clock.tick(loss_s)
+        with phases.track("optimizer"):
+            clock.tick(0.5)
+    times = phases.take_times()
+    assert times["time_s/generation"] == times["time_s/scoring"] == 0.0
+    assert times["time_s/loss"] == 2.0 and times["time_s/optimizer"] == 0.5
+    assert times["time_s/step"] == 2.5
+    assert phases.steps_done == 2
+
+
+def test_an_error_inside_nested_phases_closes_them_all_once() -> None:
+    clock = FakeClock()
+    phases = _phases(clock)
+    with pytest.raises(RuntimeError):
+        with phases.track("loss"):
+            phases.begin("generation")  # never ended: the error leaves through loss
+            clock.tick(3.0)
+            raise RuntimeError("boom")
+    clock.tick(5.0)
+    times = phases.take_times()
+    assert times["time_s/generation"] == 3.0 and times["time_s/loss"] == 0.0
+    assert times["time_s/step"] == 3.0
+
+
+def test_merge_times_is_the_mean_over_ranks() -> None:
+    ranks = [
+        {"time_s/generation": 4.0, "time_s/loss": 1.0, "time_s/step": 6.0},
+        {"time_s/generation": 2.0, "time_s/loss": 3.0, "time_s/step": 6.0},
+    ]
+    merged = phase_memory.merge_times(ranks)
+    assert merged == {"time_s/generation": 3.0, "time_s/loss": 2.0, "time_s/step": 6.0}
+    assert merged["time_s/generation"] + merged["time_s/loss"] <= merged["time_s/step"]
+
+
+def test_profile_step_env_is_checked(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    monkeypatch.delenv(phase_memory.PROFILE_STEP_ENV, raising=False)
+    assert phase_memory.StepProfiler.from_env(tmp_path, cuda=False) is None
+    monkeypatch.setenv(phase_memory.PROFILE_STEP_ENV, "0")
+    with pytest.raises(ValueError, match="GRPO_TUI_PROFILE_STEP: got '0'; allowed"):
+        phase_memory.StepProfiler.from_env(tmp_path, cuda=False)
+    monkeypatch.setenv(phase_memory.PROFILE_STEP_ENV, "3")
+    profiler = phase_memory.StepProfiler.from_env(tmp_path, cuda=False)
+    assert profiler is not None and profiler.step == 3 and profiler.path.name == "profile-step3.txt"
+
+
+def _record(step: int, **times: float) -> dict:
+    phases = {"generation": 100.0, "scoring": 200.0, "loss": 300.0, "optimizer": 50.0}
+    return {"step": step, "memory": {"device": "cpu", "gpus": [], "rss_mib": 900.0, "phases": phases}, **times}
+
+
+def test_phase_rows_show_recent_mean_seconds_and_share_and_tolerate_old_runs() -> None:
+    from grpo_tui.dashboard.feed import PHASE_TIME_STEPS, phase_rows
+    from grpo_tui.dashboard.state import RunState
+
+    old = RunState()
+    old.apply([_record(1), _record(2)])  # written before the time keys existed
+    rows = phase_rows(old)
+    assert rows["loss"]["peak"] == 300.0
+    assert all(row["time_s"] is None and row["share"] is None for row in rows.values())
+
+    state = RunState()
+    records = [_record(1, **{"time_s/generation": 99.0, "time_s/step": 100.0})]  # falls out of the window
+    for step in range(2, PHASE_TIME_STEPS + 2):
+        times = {"generation": 6.0, "scoring": 1.0, "loss": 2.0 + step % 2, "optimizer": 0.5}
+        records.append(_record(step, **{f"time_s/{p}": s for p, s in times.items()}, **{"time_s/step": 10.0}))
+    state.apply(records)
+    rows = phase_rows(state)
+    assert rows["generation"]["time_s"] == pytest.approx(6.0)
+    assert rows["generation"]["share"] == pytest.approx(0.6)
+    assert rows["loss"]["time_s"] == pytest.approx(2.5)
+    assert rows["optimizer"]["share"] == pytest.approx(0.05)
+
+
+def test_phase_table_adds_the_time_column_only_when_times_were_logged() -> None:
+    from rich.console import Console
+
+    from grpo_tui.dashboard.widgets.gpu_memory_panel import phase_table
+
+    def text(rows: dict) -> str:
+        console = Console(width=56, file=io.StringIO(), color_system=None)
+        console.print(phase_table(rows, "chunked → trl at step 3"))
+        return console.file.getvalue()
+
+    timed = {"generation": {"peak": 3 * 1024.0, "time_s": 12.5, "share": 0.62}, "loss": {"peak": 4 * 1024.0}}
+    out = text(timed)
+    assert "time/step" in out and "12.50s 62%" in out and "n/a" in out  # loss logged no time
+    assert all(len(line) <= 56 for line in out.splitlines())
+    assert "time/step" not in text({"loss": {"peak": 4 * 1024.0}})
+
+
+def test_step_times_script_reads_the_phase_times_of_a_run(tmp_path, capsys) -> None:
+    import importlib.util
+    from pathlib import Path
+
+    from grpo_tui.tools.demo import make_run
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "step_times.py"
+    spec = importlib.util.spec_from_file_location("step_times", script)
+    step_times = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(step_times)
+    run = make_run(tmp_path / "run", steps=3, n_gpus=1)
+    out = tmp_path / "rows.json"
+    assert step_times.main(["--skip-step", "3", "--out", str(out), f"chunked/64={run.path}", "trl/64=/nope"]) == 0
+    chunked, missing = json.loads(out.read_text())
+    assert chunked["step"] == 2 and chunked["step_s"] > sum(chunked["phases_s"].values()) > 0
+    assert chunked["peak_gib"] > 0 and missing["error"] == "no step record"
+    table = capsys.readouterr().out
+    assert "| chunked | 64 | 2 |" in table and "| trl | 64 | failed: no step record |" in table
