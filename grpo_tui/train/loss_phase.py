@@ -141,8 +141,6 @@ class LossPhaseMixin:
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         bounds = slice_bounds(inputs["completion_ids"].size(0), self.loss_sub_batch)
         mode = "train" if self.model.training else "eval"
-        tokens, sequences = self._slice_counts(inputs, bounds)
-        ratio_weights = sequences if self.importance_sampling_level == "sequence" else tokens
         logged = {key: len(values) for key, values in self._metrics[mode].items()}
         total = torch.zeros((), device=self.accelerator.device)
         for index, (start, stop) in enumerate(bounds):
@@ -153,24 +151,29 @@ class LossPhaseMixin:
                 self.accelerator.backward(loss)
             total += loss.detach()
         if len(bounds) > 1:
-            for key, values in self._metrics[mode].items():
-                new = values[logged.get(key, 0) :]
-                if not new:
-                    continue
-                if len(new) != len(bounds):
-                    raise RuntimeError(
-                        f"loss sub-batches: metric {key!r} logged {len(new)} times for {len(bounds)} slices"
-                    )
-                values[logged.get(key, 0) :] = [merge_metric(key, new, tokens, sequences, ratio_weights)]
+            self._merge_slice_metrics(self._metrics[mode], logged, inputs, bounds)
         # The backward is done: the Trainer's own `accelerator.backward` on this leaf reaches no parameter.
         return total.requires_grad_()
 
+    def _merge_slice_metrics(
+        self, metrics: dict[str, list[float]], logged: dict[str, int], inputs: dict[str, Any], bounds: list
+    ) -> None:
+        """Replace the one entry per slice that each metric got since `logged` by the micro-batch's value."""
+        tokens, sequences = self._slice_counts(inputs, bounds)
+        ratio_weights = sequences if self.importance_sampling_level == "sequence" else tokens
+        for key, values in metrics.items():
+            new = values[logged.get(key, 0) :]
+            if not new:
+                continue
+            if len(new) != len(bounds):
+                raise RuntimeError(f"loss sub-batches: metric {key!r} logged {len(new)} times for {len(bounds)} slices")
+            values[logged.get(key, 0) :] = [merge_metric(key, new, tokens, sequences, ratio_weights)]
+
     def _slice_counts(self, inputs: dict[str, Any], bounds: list[tuple[int, int]]) -> tuple[list[float], list[float]]:
         """Tokens and sequences behind each slice, summed over processes (the weights of TRL's global means)."""
-        mask = loss_mask(inputs)
-        local = torch.tensor(
-            [[float(mask[start:stop].sum()), float(stop - start)] for start, stop in bounds],
-            device=self.accelerator.device,
+        mask = loss_mask(inputs).float()
+        local = torch.stack(
+            [torch.stack([mask[a:b].sum(), mask.new_tensor(float(b - a))]) for a, b in bounds]
         )  # [S, 2]
         counts = self.accelerator.reduce(local, reduction="sum").tolist()
         return [c[0] for c in counts], [c[1] for c in counts]
