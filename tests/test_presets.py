@@ -149,7 +149,7 @@ def test_validate_ok(capsys: pytest.CaptureFixture[str]) -> None:
     ("text", "expected"),
     [
         ("bogus = 1\n", "bogus: unknown key; allowed keys: data, description"),
-        ("[grpo]\nnum_generationz = 4\n", "grpo.num_generationz: unknown key; allowed keys: beta,"),
+        ("[grpo]\nnum_generationz = 4\n", "grpo.num_generationz: unknown key; allowed keys: activation_offload, beta,"),
         ('[grpo]\nlearning_rate = "fast"\n', "grpo.learning_rate: got 'fast'"),
         ("[grpo]\nnum_generations = 1\n", "grpo.num_generations: got 1; Input should be greater than or equal to 2"),
         ("[distributed]\nmain_process_port = 70000\n", "distributed.main_process_port: got 70000"),
@@ -216,7 +216,7 @@ def test_user_presets_overwrite_and_delete() -> None:
 @pytest.mark.parametrize(
     ("item", "expected"),
     [
-        ("grpo.max_stepz=5", "--set: grpo.max_stepz: unknown key in grpo; allowed keys: beta,"),
+        ("grpo.max_stepz=5", "--set: grpo.max_stepz: unknown key in grpo; allowed keys: activation_offload, beta,"),
         ("grop.max_steps=5", "--set: grop: unknown key in (top level); allowed keys: data,"),
         ("grpo.max_steps=abc", "--set: grpo.max_steps: got 'abc'"),
         ("grpo.max_steps=0", "--set: grpo.max_steps: got 0"),

@@ -81,6 +81,15 @@ def _check_sub_batches(preset: Preset, result: CheckResult) -> None:
             f"grpo.scoring_sub_batch: {g.scoring_sub_batch} >= per_device_batch_size {g.per_device_batch_size}, "
             f"which scoring already uses; it has no effect"
         )
+    if g.loss_sub_batch is not None and g.loss_sub_batch >= g.per_device_batch_size:
+        result.notes.append(
+            f"grpo.loss_sub_batch: {g.loss_sub_batch} >= per_device_batch_size {g.per_device_batch_size}, "
+            f"which the loss already uses; it has no effect"
+        )
+    if g.activation_offload and preset.distributed.use_cpu:
+        result.notes.append(
+            "grpo.activation_offload: on the CPU the activations already live in host memory; no effect"
+        )
 
 
 def _check_loss(preset: Preset, result: CheckResult) -> None:

@@ -104,6 +104,14 @@ class GrpoSection(_Section):
         description="Sequences per scoring forward (default: per_device_batch_size); bounds scoring's peak at "
         "little cost",
     )
+    loss_sub_batch: PositiveInt | None = Field(
+        None,
+        description="Sequences per loss forward+backward (default: all); lowers the loss peak, same gradients, slower",
+    )
+    activation_offload: bool = Field(
+        False,
+        description="Keep the loss forward's saved activations in host memory; lowers the loss peak, costs copy time",
+    )
 
 
 class LossSection(_Section):

@@ -86,6 +86,8 @@ def build_trainer(preset: Preset, run: RunDir, callbacks: list | None = None, on
         lean=preset.loss.lean,
         generation_sub_batch=preset.grpo.generation_sub_batch,
         scoring_sub_batch=preset.grpo.scoring_sub_batch,
+        loss_sub_batch=preset.grpo.loss_sub_batch,
+        activation_offload=preset.grpo.activation_offload,
         on_step_logged=on_step_logged,
         profile_dir=str(run.path),
     )

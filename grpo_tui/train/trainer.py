@@ -22,6 +22,7 @@ from trl import GRPOTrainer
 from trl.trainer.utils import nanmax, nanmin
 
 from grpo_tui.config.schema import LOSS_IMPLS
+from grpo_tui.train.loss_phase import LossPhaseMixin
 
 # TRL features the chunked path does not implement; each is refused with the GRPOConfig field's name.
 _CHUNKED_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
@@ -105,7 +106,7 @@ def naive_logps_and_entropies(
     return logps, entropies
 
 
-class GrpoTuiTrainer(GRPOTrainer):
+class GrpoTuiTrainer(LossPhaseMixin, GRPOTrainer):
     """GRPOTrainer + loss.impl switch, per-phase memory, and a hook for each logged step record."""
 
     def __init__(
@@ -116,6 +117,8 @@ class GrpoTuiTrainer(GRPOTrainer):
         lean: bool = False,
         generation_sub_batch: int | None = None,
         scoring_sub_batch: int | None = None,
+        loss_sub_batch: int | None = None,
+        activation_offload: bool = False,
         phases: Any = None,
         profile_dir: str | None = None,
         on_step_logged: Callable[[GrpoTuiTrainer, dict[str, Any]], None] | None = None,
@@ -129,6 +132,7 @@ class GrpoTuiTrainer(GRPOTrainer):
         self.lean = lean
         self.generation_sub_batch = generation_sub_batch
         self.scoring_sub_batch = scoring_sub_batch
+        self.loss_sub_batch, self.activation_offload = loss_sub_batch, activation_offload
         self.on_step_logged = on_step_logged
         super().__init__(*args, **kwargs)
         if phases is None:
@@ -141,6 +145,8 @@ class GrpoTuiTrainer(GRPOTrainer):
         if self.ref_model is not None:
             add_hidden_states_forward(self.ref_model)
         self.check_loss_impl(loss_impl)
+        if (refusal := self.loss_phase_refusal()) is not None:
+            raise LossImplError(refusal)
 
     # ---- the implementation switch -------------------------------------------------------------
     def check_loss_impl(self, impl: str) -> None:

@@ -1,0 +1,197 @@
+"""The loss phase's memory options: activation offload and loss sub-batches.
+
+grpo.activation_offload  TRL's activation offloading (`trl.models.get_act_offloading_ctx_manager`, as
+                         TRL's SFTTrainer uses it) around the loss forward and its backward: the tensors
+                         autograd saves (the checkpointed layer inputs with gradient checkpointing) wait in
+                         host memory, copied out and back asynchronously (pinned memory, a copy stream).
+grpo.loss_sub_batch      the loss forward + backward over slices of N sequences of the micro-batch, each
+                         slice's loss scaled so that the slice losses sum to the unsliced loss, and the
+                         logged metrics merged back into the one entry per micro-step TRL logs.
+
+Either option makes `compute_loss` run the backward itself (one per slice, inside the offload context)
+and hand the Trainer a detached total as a leaf: the Trainer's own backward on it reaches no parameter.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+# How TRL 1.16's `_compute_loss` normalises each loss type, hence each slice's share of the loss.
+PER_SEQUENCE_LOSSES = ("grpo", "sapo", "luspo", "dr_grpo")  # / number of sequences: share n_slice / n
+PER_TOKEN_LOSSES = ("bnpo",)  # / tokens under the mask: share tokens_slice / tokens
+FIXED_NORM_LOSSES = ("dapo", "cispo", "vespo")  # / num_items_in_batch, the same for every slice: share 1
+
+# How each metric TRL (and the chunked path) logs per micro-step merges over slices.
+TOKEN_MEANS = ("kl", "entropy")  # masked means over tokens
+RATIO_MEANS = ("clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean", "cispo_clip_ratio")
+SEQUENCE_MEANS = ("vespo/phi_seq_mean",)
+MINIMA = ("clip_ratio/low_min",)
+MAXIMA = ("clip_ratio/high_max",)
+
+
+def offload_context(model: torch.nn.Module, device: torch.device) -> contextlib.AbstractContextManager:
+    """TRL's activation offloading manager for `model`; no context where torch sees no accelerator.
+
+    Without an accelerator the activations already live in host memory (and TRL's manager cannot be
+    built). Pinned memory and a copy stream exist on CUDA only.
+    """
+    if torch.accelerator.current_accelerator() is None:
+        return contextlib.nullcontext()
+    from trl.models import get_act_offloading_ctx_manager
+
+    on_cuda = device.type == "cuda"
+    return get_act_offloading_ctx_manager(model, use_pin_memory=on_cuda, use_streams=on_cuda)
+
+
+def slice_bounds(batch: int, size: int | None) -> list[tuple[int, int]]:
+    """[start, stop) of each slice of `size` sequences (one slice when `size` is None or covers the batch)."""
+    size = batch if size is None else max(1, min(size, batch))
+    return [(start, min(start + size, batch)) for start in range(0, batch, size)]
+
+
+def slice_inputs(inputs: dict[str, Any], start: int, stop: int) -> dict[str, Any]:
+    """Rows [start, stop) of every per-sequence tensor; scalars (num_items_in_batch) and None as they are."""
+    batch = inputs["completion_ids"].size(0)
+    if inputs.get("pixel_values") is not None:
+        raise ValueError("grpo.loss_sub_batch: multimodal inputs cannot be sliced; unset grpo.loss_sub_batch")
+    out: dict[str, Any] = {}
+    for key, value in inputs.items():
+        if value is None or (isinstance(value, torch.Tensor) and value.dim() == 0):
+            out[key] = value
+        elif isinstance(value, torch.Tensor) and value.size(0) == batch:
+            out[key] = value[start:stop]
+        else:
+            raise ValueError(f"grpo.loss_sub_batch: cannot slice input {key!r}; unset grpo.loss_sub_batch")
+    return out
+
+
+def loss_mask(inputs: dict[str, Any]) -> torch.Tensor:
+    """The mask TRL's loss normalises by: completion tokens, minus tool output where there is any."""
+    mask = inputs["completion_mask"]
+    return mask if "tool_mask" not in inputs else mask * inputs["tool_mask"]
+
+
+def slice_share(loss_type: str, inputs: dict[str, Any], start: int, stop: int) -> torch.Tensor | float:
+    """The factor that turns slice [start, stop)'s loss into its part of the whole micro-batch's loss."""
+    if loss_type in FIXED_NORM_LOSSES:
+        return 1.0
+    if loss_type in PER_SEQUENCE_LOSSES:
+        return (stop - start) / inputs["completion_ids"].size(0)
+    if loss_type in PER_TOKEN_LOSSES:
+        mask = loss_mask(inputs)
+        # clamp as TRL does: an all-padding slice has loss 0 whatever its share
+        return mask[start:stop].sum().clamp(min=1.0) / mask.sum().clamp(min=1.0)
+    raise ValueError(f"grpo.loss_sub_batch: loss_type {loss_type!r} has no known normaliser")
+
+
+def merge_metric(
+    name: str, values: list[float], tokens: list[float], sequences: list[float], ratio_weights: list[float]
+) -> float:
+    """One slice-merged value of metric `name`, as the unsliced micro-batch would have logged it.
+
+    Means are re-weighted by the (all-process) tokens or sequences behind each slice's value, and TRL's
+    clamp(min=1) of an empty count kept: an empty slice logged 0 and weighs 0.
+    """
+    weights = None
+    if name in TOKEN_MEANS:
+        weights = tokens
+    elif name in RATIO_MEANS:
+        weights = ratio_weights
+    elif name in SEQUENCE_MEANS:
+        weights = sequences
+    if weights is not None:
+        return sum(v * w for v, w in zip(values, weights, strict=True)) / max(sum(weights), 1.0)
+    finite = [v for v in values if not math.isnan(v)]
+    if name in MINIMA:
+        return min(finite) if finite else math.nan
+    if name in MAXIMA:
+        return max(finite) if finite else math.nan
+    raise RuntimeError(f"loss sub-batches: no rule to merge metric {name!r} over slices")
+
+
+class LossPhaseMixin:
+    """`compute_loss` for GrpoTuiTrainer under grpo.loss_sub_batch / grpo.activation_offload."""
+
+    loss_sub_batch: int | None = None
+    activation_offload: bool = False
+    offload_manager: contextlib.AbstractContextManager | None = None
+
+    def loss_phase_refusal(self) -> str | None:
+        """Why grpo.loss_sub_batch cannot be exact with this configuration (one line), or None."""
+        if self.loss_sub_batch is None:
+            return None
+        refusals = {
+            "top_entropy_quantile": self.top_entropy_quantile < 1.0,  # a quantile over the whole micro-batch
+            "entropy_coef": self._entropy_bonus_enabled,  # its own normaliser beside the policy loss's
+            "router aux loss": self.aux_loss_enabled,
+            "loss_type": self.loss_type not in PER_SEQUENCE_LOSSES + PER_TOKEN_LOSSES + FIXED_NORM_LOSSES,
+        }
+        bad = [name for name, refused in refusals.items() if refused]
+        if bad:
+            return f"grpo.loss_sub_batch: cannot slice the loss exactly with {', '.join(bad)}; unset it"
+        return None
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        if (self.loss_sub_batch is None and not self.activation_offload) or not torch.is_grad_enabled():
+            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        bounds = slice_bounds(inputs["completion_ids"].size(0), self.loss_sub_batch)
+        mode = "train" if self.model.training else "eval"
+        logged = {key: len(values) for key, values in self._metrics[mode].items()}
+        total = torch.zeros((), device=self.accelerator.device)
+        for index, (start, stop) in enumerate(bounds):
+            part = inputs if len(bounds) == 1 else slice_inputs(inputs, start, stop)
+            share = slice_share(self.loss_type, inputs, start, stop)
+            with self._slice_sync(model, last=index == len(bounds) - 1), self._offloading(model):
+                loss = super().compute_loss(model, part, return_outputs, num_items_in_batch) * share
+                self.accelerator.backward(loss)
+            total += loss.detach()
+        if len(bounds) > 1:
+            self._merge_slice_metrics(self._metrics[mode], logged, inputs, bounds)
+        # The backward is done: the Trainer's own `accelerator.backward` on this leaf reaches no parameter.
+        return total.requires_grad_()
+
+    def _merge_slice_metrics(
+        self, metrics: dict[str, list[float]], logged: dict[str, int], inputs: dict[str, Any], bounds: list
+    ) -> None:
+        """Replace the one entry per slice that each metric got since `logged` by the micro-batch's value."""
+        tokens, sequences = self._slice_counts(inputs, bounds)
+        ratio_weights = sequences if self.importance_sampling_level == "sequence" else tokens
+        for key, values in metrics.items():
+            new = values[logged.get(key, 0) :]
+            if not new:
+                continue
+            if len(new) != len(bounds):
+                raise RuntimeError(f"loss sub-batches: metric {key!r} logged {len(new)} times for {len(bounds)} slices")
+            values[logged.get(key, 0) :] = [merge_metric(key, new, tokens, sequences, ratio_weights)]
+
+    def _slice_counts(self, inputs: dict[str, Any], bounds: list[tuple[int, int]]) -> tuple[list[float], list[float]]:
+        """Tokens and sequences behind each slice, summed over processes (the weights of TRL's global means)."""
+        mask = loss_mask(inputs).float()
+        local = torch.stack(
+            [torch.stack([mask[a:b].sum(), mask.new_tensor(float(b - a))]) for a, b in bounds]
+        )  # [S, 2]
+        counts = self.accelerator.reduce(local, reduction="sum").tolist()
+        return [c[0] for c in counts], [c[1] for c in counts]
+
+    def _slice_sync(self, model: torch.nn.Module, last: bool) -> contextlib.AbstractContextManager:
+        # Gradients of all but the last slice only accumulate; the last slice's backward reduces them all,
+        # once. Outside a sync micro-step the Trainer's own no_sync already holds (FSDP2's no_sync would
+        # re-enable sync on leaving if nested).
+        if last or not self.accelerator.sync_gradients:
+            return contextlib.nullcontext()
+        return self.accelerator.no_sync(model)
+
+    @contextlib.contextmanager
+    def _offloading(self, model: torch.nn.Module) -> Iterator[None]:
+        if not self.activation_offload:
+            yield
+            return
+        if self.offload_manager is None:  # built on first use, on the model the Trainer trains (wrapped)
+            self.offload_manager = offload_context(model, self.accelerator.device)
+        with self.offload_manager:
+            yield
