@@ -107,7 +107,9 @@ def grpo_config(preset: Preset, run: RunDir) -> Any:
     )
 
 
-def build_trainer(preset: Preset, run: RunDir, callbacks: list | None = None, on_step_logged: Any = None) -> Any:
+def build_trainer(
+    preset: Preset, run: RunDir, callbacks: list | None = None, on_step_logged: Any = None, on_event: Any = None
+) -> Any:
     """The configured trainer (model, tokenizer, prompts, rewards) — used by train, check and tests."""
     from accelerate import PartialState
     from transformers import AutoTokenizer
@@ -157,6 +159,8 @@ def build_trainer(preset: Preset, run: RunDir, callbacks: list | None = None, on
         chunk_tokens=preset.loss.chunk_tokens,
         lean=preset.loss.lean,
         generation_sub_batch=preset.grpo.generation_sub_batch,
+        generation_backend=preset.grpo.generation_backend,
+        on_event=on_event,
         scoring_sub_batch=preset.grpo.scoring_sub_batch,
         on_step_logged=on_step_logged,
     )
@@ -216,6 +220,7 @@ class TrainingSession:
                 self.run_dir,
                 callbacks=[_step_boundary_callback(self)],
                 on_step_logged=self._on_step_logged,
+                on_event=self._event,
             )
             self.trainer.train()
         finally:

@@ -115,11 +115,14 @@ class GrpoTuiTrainer(GRPOTrainer):
         chunk_tokens: int | None = None,
         lean: bool = False,
         generation_sub_batch: int | None = None,
+        generation_backend: str = "auto",
         scoring_sub_batch: int | None = None,
         phases: Any = None,
         on_step_logged: Callable[[GrpoTuiTrainer, dict[str, Any]], None] | None = None,
+        on_event: Callable[..., None] | None = None,
         **kwargs: Any,
     ) -> None:
+        from grpo_tui.train.generation import Rollouts
         from grpo_tui.train.phase_memory import PhaseMemory
 
         self.loss_impl = loss_impl
@@ -135,6 +138,7 @@ class GrpoTuiTrainer(GRPOTrainer):
         if self.ref_model is not None:
             add_hidden_states_forward(self.ref_model)
         self.check_loss_impl(loss_impl)
+        self.rollouts = Rollouts(self, generation_backend, on_event)  # grpo.generation_backend
 
     # ---- the implementation switch -------------------------------------------------------------
     def check_loss_impl(self, impl: str) -> None:
@@ -179,6 +183,7 @@ class GrpoTuiTrainer(GRPOTrainer):
         # for long completions) holds one slice. Each completion is sampled independently, so slicing keeps
         # the distribution; vLLM, continuous batching and multimodal inputs manage their own memory.
         size = self.generation_sub_batch
+        turn = self.rollouts.single_turn(super()._generate_single_turn)
         if (
             size is None
             or len(prompt_ids) <= size
@@ -186,11 +191,9 @@ class GrpoTuiTrainer(GRPOTrainer):
             or self.use_transformers_continuous_batching
             or multimodal_fields
         ):
-            return super()._generate_single_turn(
-                prompt_ids, images, multimodal_fields, num_generations, has_tool_images
-            )
+            return turn(prompt_ids, images, multimodal_fields, num_generations, has_tool_images)
         parts = [
-            super(GrpoTuiTrainer, self)._generate_single_turn(
+            turn(
                 prompt_ids[start : start + size],
                 None if images is None else images[start : start + size],
                 multimodal_fields,
