@@ -210,3 +210,20 @@ def test_trainer_hook_with_the_eager_twin_matches_trl(tiny_model_path: Path, tmp
     torch.manual_seed(5)
     got, our_logprobs = trainer._generate_single_turn(prompts, None, {}, 8)
     assert got == expected and logprobs is None and our_logprobs is None
+
+
+def test_checks_note_where_graph_will_fall_back() -> None:
+    from grpo_tui.config.checks import check_preset
+    from grpo_tui.config.schema import Preset
+
+    def notes(**sections) -> list[str]:
+        result = check_preset(Preset.model_validate(sections), environment=False)
+        assert result.ok
+        return [n for n in result.notes if n.startswith("grpo.generation_backend")]
+
+    assert notes(grpo={"generation_backend": "graph"}) == []
+    assert "needs CUDA" in notes(grpo={"generation_backend": "graph"}, distributed={"use_cpu": True})[0]
+    assert "FSDP" in notes(grpo={"generation_backend": "graph"}, distributed={"fsdp": True})[0]
+    flash = {"attn_implementation": "flash_attention_2"}
+    assert "flash_attention_2" in notes(grpo={"generation_backend": "graph"}, model=flash)[0]
+    assert notes(grpo={"generation_backend": "auto"}, distributed={"fsdp": True}) == []
