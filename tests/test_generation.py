@@ -6,6 +6,7 @@ greedy decoding must match TRL's generate path token for token, and follow weigh
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -46,8 +47,8 @@ def model(tiny_model_path: Path, request: pytest.FixtureRequest) -> torch.nn.Mod
 def reference(model: torch.nn.Module, prompts: list[list[int]], eos: list[int], **sampling) -> list[list[int]]:
     """TRL's generate path: left padding, `model.generate`, completions cut after the first EOS."""
     width = max(map(len, prompts))
-    ids = torch.tensor([[PAD] * (width - len(p)) + p for p in prompts])
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    ids = torch.tensor([[PAD] * (width - len(p)) + p for p in prompts], device=model.device)
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=model.device)
     config = GenerationConfig(
         max_new_tokens=MAX_NEW, pad_token_id=PAD, eos_token_id=eos, disable_compile=True, **sampling
     )
@@ -227,3 +228,31 @@ def test_checks_note_where_graph_will_fall_back() -> None:
     flash = {"attn_implementation": "flash_attention_2"}
     assert "flash_attention_2" in notes(grpo={"generation_backend": "graph"}, model=flash)[0]
     assert notes(grpo={"generation_backend": "auto"}, distributed={"fsdp": True}) == []
+
+
+def test_benchmark_smoke_on_cpu(tiny_model_path: Path, tmp_path: Path) -> None:
+    import importlib.util
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "generation_bench.py"
+    spec = importlib.util.spec_from_file_location("generation_bench", script)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    argv = [
+        "--device",
+        "cpu",
+        "--tiny",
+        "--batches",
+        "8",
+        "--new-tokens",
+        "4",
+        "--samples",
+        "8",
+        "--out",
+        str(tmp_path),
+    ]
+    assert bench.main(argv) == 0
+    result = json.loads((tmp_path / "generation-bench.json").read_text())
+    assert [r["backend"] for r in result["throughput"]] == ["graph", "generate", "static"]
+    assert all(r["tokens_per_s"] > 0 and 0 < r["bound_fraction"] for r in result["throughput"])
+    for check in result["sampling"]:
+        assert check["completions"] == 8 and 1 <= check["length_mean"] <= 4 and check["mean_logprob"] < 0
