@@ -193,16 +193,19 @@ def test_graph_on_cpu_falls_back_with_a_note_and_an_event(
     assert "grpo.generation_backend graph cannot run (needs a CUDA device" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("sub_batch", [None, 8])
-def test_trainer_hook_with_the_eager_twin_matches_trl(tiny_model_path: Path, tmp_path: Path, sub_batch) -> None:
-    """The trainer's `_generate_single_turn` through the decoder samples what TRL's path samples (same seed)."""
+def tiny_trainer(tmp_path: Path, *sets: str):
     from grpo_tui.config.store import load_preset
     from grpo_tui.runs.folder import RunDir
     from grpo_tui.train.entry import build_trainer
 
-    sets = ["grpo.max_completion_length=8"] + ([] if sub_batch is None else [f"grpo.generation_sub_batch={sub_batch}"])
-    preset, _ = load_preset("tiny-cpu", sets)
-    trainer = build_trainer(preset, RunDir(tmp_path))
+    preset, _ = load_preset("tiny-cpu", ["grpo.max_completion_length=8", *sets])
+    return build_trainer(preset, RunDir(tmp_path))
+
+
+@pytest.mark.parametrize("sub_batch", [None, 8])
+def test_trainer_hook_with_the_eager_twin_matches_trl(tiny_model_path: Path, tmp_path: Path, sub_batch) -> None:
+    """The trainer's `_generate_single_turn` through the decoder samples what TRL's path samples (same seed)."""
+    trainer = tiny_trainer(tmp_path, *([] if sub_batch is None else [f"grpo.generation_sub_batch={sub_batch}"]))
     assert trainer.rollouts.backend == "generate"  # auto on the CPU
     prompts = PROMPTS * 2  # two slices of 8 with sub_batch 8: each fills the decoder's row bucket
     torch.manual_seed(5)
@@ -211,6 +214,16 @@ def test_trainer_hook_with_the_eager_twin_matches_trl(tiny_model_path: Path, tmp
     torch.manual_seed(5)
     got, our_logprobs = trainer._generate_single_turn(prompts, None, {}, 8)
     assert got == expected and logprobs is None and our_logprobs is None
+
+
+def test_static_backend_sets_transformers_static_cache(tiny_model_path: Path, tmp_path: Path) -> None:
+    trainer = tiny_trainer(tmp_path, "grpo.generation_backend=static")
+    assert trainer.rollouts.backend == "static" and trainer.rollouts.decoder is None
+    config = trainer.generation_config
+    assert config.cache_implementation == "static" and not config.disable_compile
+    torch.manual_seed(5)
+    completions, _ = trainer._generate_single_turn(PROMPTS, None, {}, 8)
+    assert len(completions) == len(PROMPTS) and all(1 <= len(c) <= 8 for c in completions)
 
 
 def test_checks_note_where_graph_will_fall_back() -> None:

@@ -192,7 +192,7 @@ class StaticDecoder:
             ids[row, width - len(prompt) :] = torch.tensor(prompt)
             mask[row, width - len(prompt) :] = True
         ids, mask = ids.to(device), mask.to(device)
-        eos = torch.tensor(eos_ids, device=device)
+        eos = torch.tensor(eos_ids, dtype=torch.long, device=device)
         out = torch.full((state.rows, max_new_tokens), pad_id, dtype=torch.long, device=device)
         finished = torch.arange(state.rows, device=device) >= count  # bucket filler rows are done from the start
         history = ids.masked_fill(~mask, -1) if sampling.repetition_penalty != 1.0 else None
