@@ -41,6 +41,7 @@ def check_preset(preset: Preset, environment: bool = True, visible_gpus: int | N
     result = CheckResult()
     _check_batch(preset, result)
     _check_sub_batches(preset, result)
+    _check_generation(preset, result)
     _check_loss(preset, result)
     _check_distributed(preset, result)
     _check_model(preset, result)
@@ -89,6 +90,25 @@ def _check_sub_batches(preset: Preset, result: CheckResult) -> None:
     if g.activation_offload and preset.distributed.use_cpu:
         result.notes.append(
             "grpo.activation_offload: on the CPU the activations already live in host memory; no effect"
+        )
+
+
+def _check_generation(preset: Preset, result: CheckResult) -> None:
+    backend, d = preset.grpo.generation_backend, preset.distributed
+    if backend != "graph":
+        return
+    # The trainer falls back to generate in these cases; saying so before launch saves a surprise in the log.
+    if d.use_cpu:
+        result.notes.append("grpo.generation_backend: graph needs CUDA; on the CPU the run uses generate")
+    elif d.fsdp:
+        result.notes.append(
+            "grpo.generation_backend: graph with distributed.fsdp falls back to generate (FSDP reshards the "
+            "parameters the captured graph would read)"
+        )
+    if preset.model.attn_implementation == "flash_attention_2":
+        result.notes.append(
+            "grpo.generation_backend: graph supports model.attn_implementation sdpa or eager; with "
+            "flash_attention_2 the run uses generate"
         )
 
 

@@ -24,6 +24,8 @@ PRESET_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 LossImpl = Literal["chunked", "naive", "trl"]
 # Read from the type, so the CLI, the trainer and the control reader cannot drift from the schema.
 LOSS_IMPLS: tuple[str, ...] = typing.get_args(LossImpl)
+GenerationBackend = Literal["auto", "generate", "static", "graph"]
+GENERATION_BACKENDS: tuple[str, ...] = typing.get_args(GenerationBackend)
 
 
 class _Section(BaseModel):
@@ -98,6 +100,11 @@ class GrpoSection(_Section):
         None,
         description="Completions generated at a time per device (default: all at once). Bounds the KV cache, "
         "often the step's peak; generation gets slower",
+    )
+    generation_backend: GenerationBackend = Field(
+        "auto",
+        description="generate (TRL's model.generate) | static (transformers' static cache, compiled) | graph "
+        "(static cache + CUDA-graph decode step) | auto (graph on CUDA where it can run, else generate)",
     )
     scoring_sub_batch: PositiveInt | None = Field(
         None,

@@ -26,7 +26,8 @@ plus every metric TRL logs under TRL's own name (e.g. `rewards/<func>/mean`, `fr
 `kl`, `entropy`, `clip_ratio/region_mean`, `completions/mean_length`, `grad_norm`, `learning_rate`,
 `step_time`, `num_tokens`).
 
-Event records have an `event` key: start, finish, error, oom, loss_impl_switch, control_error, stop_requested.
+Event records have an `event` key: start, finish, error, oom, loss_impl_switch, control_error, stop_requested,
+generation_fallback (requested, used, reason: grpo.generation_backend could not run).
 
 Readers skip a truncated last line (a writer may be mid-line) and lines from a newer schema they
 cannot parse are still returned as dicts: unknown keys are ignored, never fatal.
@@ -52,7 +53,17 @@ from typing import Any, NamedTuple
 SCHEMA_VERSION = 1
 
 EVENTS = frozenset(
-    {"start", "finish", "error", "oom", "loss_impl_switch", "control_error", "stop_requested", "checkpoint"}
+    {
+        "start",
+        "finish",
+        "error",
+        "oom",
+        "loss_impl_switch",
+        "control_error",
+        "stop_requested",
+        "checkpoint",
+        "generation_fallback",
+    }
 )
 PHASES = ("generation", "scoring", "loss", "optimizer")
 # Step-record key of a step's wall seconds (first phase start to last phase end).

@@ -35,7 +35,9 @@ def resolve_model(preset: Preset) -> str:
     return name
 
 
-def build_trainer(preset: Preset, run: RunDir, callbacks: list | None = None, on_step_logged: Any = None) -> Any:
+def build_trainer(
+    preset: Preset, run: RunDir, callbacks: list | None = None, on_step_logged: Any = None, on_event: Any = None
+) -> Any:
     """The configured trainer (model, tokenizer, prompts, rewards) — used by train, check and tests."""
     from accelerate import PartialState
     from transformers import AutoTokenizer
@@ -85,6 +87,8 @@ def build_trainer(preset: Preset, run: RunDir, callbacks: list | None = None, on
         chunk_tokens=preset.loss.chunk_tokens,
         lean=preset.loss.lean,
         generation_sub_batch=preset.grpo.generation_sub_batch,
+        generation_backend=preset.grpo.generation_backend,
+        on_event=on_event,
         scoring_sub_batch=preset.grpo.scoring_sub_batch,
         loss_sub_batch=preset.grpo.loss_sub_batch,
         activation_offload=preset.grpo.activation_offload,

@@ -80,6 +80,7 @@ class TrainingSession:
                 self.run_dir,
                 callbacks=[_step_boundary_callback(self)],
                 on_step_logged=self._on_step_logged,
+                on_event=self._event,
             )
             self.trainer.train()
         finally:

@@ -116,14 +116,17 @@ class GrpoTuiTrainer(LossPhaseMixin, GRPOTrainer):
         chunk_tokens: int | None = None,
         lean: bool = False,
         generation_sub_batch: int | None = None,
+        generation_backend: str = "auto",
         scoring_sub_batch: int | None = None,
         loss_sub_batch: int | None = None,
         activation_offload: bool = False,
         phases: Any = None,
         profile_dir: str | None = None,
         on_step_logged: Callable[[GrpoTuiTrainer, dict[str, Any]], None] | None = None,
+        on_event: Callable[..., None] | None = None,
         **kwargs: Any,
     ) -> None:
+        from grpo_tui.train.generation import Rollouts
         from grpo_tui.train.phase_memory import PhaseMemory, StepProfiler
 
         self.loss_impl = loss_impl
@@ -147,6 +150,7 @@ class GrpoTuiTrainer(LossPhaseMixin, GRPOTrainer):
         self.check_loss_impl(loss_impl)
         if (refusal := self.loss_phase_refusal()) is not None:
             raise LossImplError(refusal)
+        self.rollouts = Rollouts(self, generation_backend, on_event)  # grpo.generation_backend
 
     # ---- the implementation switch -------------------------------------------------------------
     def check_loss_impl(self, impl: str) -> None:
@@ -191,6 +195,7 @@ class GrpoTuiTrainer(LossPhaseMixin, GRPOTrainer):
         # for long completions) holds one slice. Each completion is sampled independently, so slicing keeps
         # the distribution; vLLM, continuous batching and multimodal inputs manage their own memory.
         size = self.generation_sub_batch
+        turn = self.rollouts.single_turn(super()._generate_single_turn)
         if (
             size is None
             or len(prompt_ids) <= size
@@ -198,11 +203,9 @@ class GrpoTuiTrainer(LossPhaseMixin, GRPOTrainer):
             or self.use_transformers_continuous_batching
             or multimodal_fields
         ):
-            return super()._generate_single_turn(
-                prompt_ids, images, multimodal_fields, num_generations, has_tool_images
-            )
+            return turn(prompt_ids, images, multimodal_fields, num_generations, has_tool_images)
         parts = [
-            super(GrpoTuiTrainer, self)._generate_single_turn(
+            turn(
                 prompt_ids[start : start + size],
                 None if images is None else images[start : start + size],
                 multimodal_fields,

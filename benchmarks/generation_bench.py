@@ -1,0 +1,292 @@
+"""Rollout speed of the grpo.generation_backend choices: generate, static (transformers' built-in), graph.
+
+    python benchmarks/generation_bench.py [--data /work/shared/data/gsm8k/test.jsonl] --out DIR
+    python benchmarks/generation_bench.py --device cpu --tiny --out DIR      # smoke mode (tests)
+
+Model: builtin:qwen3-0.6b-shape (the Qwen3-0.6B config, random weights) in bf16, sdpa. Prompts: GSM8K
+questions when --data is given, else synthetic token runs of 64..192 tokens.
+
+Throughput: for each batch size, 256 new tokens per completion with EOS ignored (generate:
+min_new_tokens; graph: no stop ids), so tokens/s compares equal work. Each shape runs twice: the first
+call (compile / capture / warm-up; 8 tokens for generate) and the timed second one are both reported.
+
+Sampling check (temperature 1.0, top_k 0, top_p 1.0, as GRPOConfig's defaults): >= 512 completions per
+backend, then the mean log-prob of the sampled tokens, scored by one teacher-forced forward, and the
+length distribution. Random weights give near-uniform logits, so a real EOS would almost never come:
+1% of the vocabulary (a fixed id set) stops a completion, giving a mean length near 100 tokens.
+
+Bound: each decode step reads every weight once and each row's KV cache up to its length. bytes /
+(measured device copy bandwidth) is the fastest a step can be; `bound_fraction` is how close each
+backend comes. The whole run keeps to --budget-s (default 230 s): work past it is recorded as skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+BACKENDS = ("graph", "generate", "static")  # graph first: fastest; static last: compiles, may hit the budget
+STOP_FRACTION = 0.01  # share of the vocabulary that ends a completion in the sampling check
+
+
+def load_prompts(tokenizer: Any, data: Path | None, count: int, max_len: int, seed: int = 0) -> list[list[int]]:
+    generator = torch.Generator().manual_seed(seed)
+    if data is None:
+        lengths = torch.randint(max_len // 3, max_len * 3 // 4 + 1, (count,), generator=generator).tolist()
+        return [torch.randint(3, tokenizer.vocab_size, (n,), generator=generator).tolist() for n in lengths]
+    rows = [json.loads(line) for line in data.read_text().splitlines() if line.strip()]
+    texts = [f"Question: {row['question']}\nAnswer step by step." for row in rows]
+    ids = [tokenizer(text)["input_ids"][-max_len:] for text in texts]
+    return [ids[i % len(ids)] for i in range(count)]
+
+
+class Backend:
+    """One backend's `run(prompts, new_tokens, stop_ids, min_new)` -> completion id lists."""
+
+    def __init__(self, name: str, model: Any, pad_id: int) -> None:
+        from grpo_tui.train.generation import StaticDecoder
+
+        self.name, self.model, self.pad_id = name, model, pad_id
+        self.decoder = StaticDecoder(use_graph=model.device.type == "cuda") if name == "graph" else None
+
+    def run(self, prompts: list[list[int]], new_tokens: int, stop_ids: list[int], ignore_eos: bool) -> list[list[int]]:
+        from grpo_tui.train.generation import Sampling, cut_at_eos
+
+        if self.decoder is not None:
+            stops = [] if ignore_eos else stop_ids
+            return self.decoder.generate(self.model, prompts, new_tokens, stops, self.pad_id, Sampling())
+        from transformers import GenerationConfig
+
+        # The GenerationConfig TRL builds from GRPOConfig's defaults (see trl GRPOTrainer.__init__).
+        config = GenerationConfig(
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens if ignore_eos else 0,
+            do_sample=True,
+            temperature=1.0,
+            top_p=1.0,
+            top_k=0,
+            pad_token_id=self.pad_id,
+            eos_token_id=stop_ids,
+            cache_implementation="static" if self.name == "static" else None,
+            disable_compile=self.name != "static",
+        )
+        width = max(map(len, prompts))
+        device = self.model.device
+        ids = torch.tensor([[self.pad_id] * (width - len(p)) + p for p in prompts], device=device)
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
+        out = self.model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
+        return cut_at_eos(out[:, width:].cpu(), stop_ids)
+
+    def release(self) -> None:
+        if self.decoder is not None:
+            self.decoder.release()
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def copy_bandwidth(device: torch.device, mib: int) -> float:
+    """Bytes per second of a device-to-device copy (read + write counted)."""
+    src = torch.empty(mib << 20, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    sync(device)
+    start, repeats = time.perf_counter(), 10
+    for _ in range(repeats):
+        dst.copy_(src)
+    sync(device)
+    return 2 * src.numel() * repeats / (time.perf_counter() - start)
+
+
+def step_bytes(model: Any, rows: int, mean_context: float) -> float:
+    """Bytes one decode step must read: every weight once (tied embeddings once) plus each row's KV cache."""
+    c = model.config
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    kv_per_token = c.num_hidden_layers * 2 * c.num_key_value_heads * c.head_dim * model.dtype.itemsize
+    return weights + rows * mean_context * kv_per_token
+
+
+def mean_logprob(model: Any, prompts: list[list[int]], completions: list[list[int]], pad: int, rows: int) -> float:
+    """Mean log-prob of the sampled tokens under the model (one teacher-forced forward per slice)."""
+    total, count = 0.0, 0
+    for start in range(0, len(prompts), rows):
+        ps, cs = prompts[start : start + rows], completions[start : start + rows]
+        width, length = max(map(len, ps)), max(map(len, cs))
+        seqs = [[pad] * (width - len(p)) + p + c + [pad] * (length - len(c)) for p, c in zip(ps, cs, strict=True)]
+        masks = [[0] * (width - len(p)) + [1] * (len(p) + len(c)) + [0] * (length - len(c)) for p, c in zip(ps, cs)]
+        ids = torch.tensor(seqs, device=model.device)
+        mask = torch.tensor(masks, device=model.device)
+        with torch.no_grad():
+            logits = model(input_ids=ids, attention_mask=mask, logits_to_keep=length + 1).logits[:, :-1]
+        logps = torch.log_softmax(logits.float(), -1).gather(-1, ids[:, width:, None]).squeeze(-1)  # [R, T]
+        keep = mask[:, width:].bool()
+        total += logps[keep].sum().item()
+        count += int(keep.sum())
+    return total / max(count, 1)
+
+
+def measure(
+    backend: Backend, prompts: list[list[int]], new_tokens: int, stop_ids: list[int], device: torch.device
+) -> dict[str, Any]:
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    held = torch.cuda.memory_allocated() if device.type == "cuda" else 0
+    times = []
+    # First call: compile / capture / allocator warm-up; the second is timed. generate compiles nothing,
+    # so its first call is 8 tokens (the budget goes to the timed run); static and graph key their
+    # compiled shapes on the cache length, so theirs is the full length.
+    for tokens in (min(8, new_tokens) if backend.name == "generate" else new_tokens, new_tokens):
+        sync(device)
+        start = time.perf_counter()
+        with torch.no_grad():
+            out = backend.run(prompts, tokens, stop_ids, ignore_eos=True)
+        sync(device)
+        times.append(time.perf_counter() - start)
+    tokens = sum(map(len, out))
+    assert tokens == len(prompts) * new_tokens, "a completion stopped early"
+    peak = (torch.cuda.max_memory_allocated() - held) / 2**20 if device.type == "cuda" else None
+    return {
+        "first_call_s": round(times[0], 3),
+        "s": round(times[1], 3),
+        "tokens_per_s": tokens / times[1],
+        "peak_mib": peak,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--tiny", action="store_true", help="the tiny built-in model and small sizes (smoke test)")
+    parser.add_argument("--data", type=Path, help="GSM8K-style .jsonl with a 'question' column")
+    parser.add_argument("--batches", default=None, help="comma-separated batch sizes (default 16,128,512)")
+    parser.add_argument("--new-tokens", type=int, default=None, help="default 256 (8 with --tiny)")
+    parser.add_argument("--samples", type=int, default=None, help="sampling-check completions (default 512)")
+    parser.add_argument("--backends", default=",".join(BACKENDS))
+    parser.add_argument("--budget-s", type=float, default=230.0)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args(argv)
+    began = time.perf_counter()
+    device = torch.device(args.device)
+    batches = [int(b) for b in (args.batches or ("4,8" if args.tiny else "16,128,512")).split(",")]
+    new_tokens = args.new_tokens or (8 if args.tiny else 256)
+    samples = args.samples or (16 if args.tiny else 512)
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if args.tiny:
+        from grpo_tui.tasks.tiny import ensure_tiny_model
+
+        path, dtype, model_name = ensure_tiny_model(), torch.float32, "builtin:tiny-qwen3 (fp32)"
+    else:
+        from grpo_tui.tasks.shapes import build_shaped_model
+
+        path, dtype, model_name = build_shaped_model("qwen3-0.6b-shape"), torch.bfloat16, "qwen3-0.6b-shape (bf16)"
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa").to(device).eval()
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    max_prompt = 16 if args.tiny else 256
+    prompts = load_prompts(tokenizer, args.data, max(max(batches), samples), max_prompt)
+    vocab = model.config.vocab_size
+    stop_ids = torch.randperm(vocab, generator=torch.Generator().manual_seed(1))[: max(1, int(vocab * STOP_FRACTION))]
+    bandwidth = copy_bandwidth(device, 64 if args.tiny else 2048)
+    result: dict[str, Any] = {
+        "what": "issue 13: rollout tokens/s per grpo.generation_backend, sampling check, bandwidth bound",
+        "command": " ".join(
+            ["python", "benchmarks/generation_bench.py", *(argv if argv is not None else sys.argv[1:])]
+        ),
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
+        "versions": _versions(),
+        "model": model_name,
+        "prompts": str(args.data) if args.data else "synthetic",
+        "new_tokens": new_tokens,
+        "copy_bandwidth_gb_s": bandwidth / 1e9,
+        "throughput": [],
+        "sampling": [],
+        "skipped": [],
+    }
+
+    def over_budget(what: str) -> bool:
+        if time.perf_counter() - began > args.budget_s:
+            result["skipped"].append(what)
+            return True
+        return False
+
+    for name in args.backends.split(","):
+        backend = Backend(name, model, pad)
+        for rows in batches:
+            if over_budget(f"{name} throughput batch {rows}"):
+                continue
+            batch = prompts[:rows]
+            row = {"backend": name, "batch": rows, **measure(backend, batch, new_tokens, stop_ids.tolist(), device)}
+            context = sum(map(len, batch)) / rows + new_tokens / 2
+            bound = rows / (step_bytes(model, rows, context) / bandwidth)
+            row.update(bound_tokens_per_s=bound, bound_fraction=row["tokens_per_s"] / bound)
+            result["throughput"].append(row)
+            print(json.dumps(row), flush=True)
+        if not over_budget(f"{name} sampling check"):
+            torch.manual_seed(0)
+            start = time.perf_counter()
+            with torch.no_grad():
+                completions = backend.run(prompts[:samples], new_tokens, stop_ids.tolist(), ignore_eos=False)
+            lengths = torch.tensor([len(c) for c in completions], dtype=torch.float64)
+            check = {
+                "backend": name,
+                "completions": len(completions),
+                "s": round(time.perf_counter() - start, 3),
+                "mean_logprob": mean_logprob(model, prompts[:samples], completions, pad, 32),
+                "length_mean": lengths.mean().item(),
+                "length_std": lengths.std().item(),
+            }
+            result["sampling"].append(check)
+            print(json.dumps(check), flush=True)
+        backend.release()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    result["total_s"] = round(time.perf_counter() - began, 1)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "generation-bench.json").write_text(json.dumps(result, indent=1) + "\n")
+    print(table(result))
+    return 0
+
+
+def _versions() -> dict[str, str]:
+    import transformers
+    import trl
+
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "trl": trl.__version__,
+    }
+
+
+def table(result: dict[str, Any]) -> str:
+    lines = [f"{'backend':9} {'batch':>5} {'tok/s':>10} {'first s':>8} {'peak MiB':>9} {'bound %':>8}"]
+    for r in result["throughput"]:
+        peak = "-" if r["peak_mib"] is None else f"{r['peak_mib']:.0f}"
+        lines.append(
+            f"{r['backend']:9} {r['batch']:>5} {r['tokens_per_s']:>10.0f} {r['first_call_s']:>8.1f} {peak:>9} "
+            f"{100 * r['bound_fraction']:>7.1f}%"
+        )
+    lines.append(f"{'backend':9} {'n':>5} {'mean logp':>10} {'len mean':>8} {'len std':>9}")
+    for s in result["sampling"]:
+        lines.append(
+            f"{s['backend']:9} {s['completions']:>5} {s['mean_logprob']:>10.4f} {s['length_mean']:>8.1f} {s['length_std']:>9.1f}"
+        )
+    if result["skipped"]:
+        lines.append("skipped (time budget): " + "; ".join(result["skipped"]))
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,351 @@
+"""Rollout backends (`grpo.generation_backend`) and the static-cache decoder behind `graph`.
+
+    generate  TRL's own path: `model.generate` with a dynamic KV cache (the baseline).
+    static    TRL's path with transformers' built-in speed-up: `cache_implementation="static"`, and the decode
+              step compiled by transformers (TRL's GRPOConfig sets `disable_compile`; this backend clears it).
+              Compiles again for each new batch or prompt length.
+    graph     Ours: a static KV cache sized to a (rows, length) bucket and the one-token decode step captured
+              once per bucket as a CUDA graph, then replayed for every token. CUDA only.
+    auto      graph where it can run, else generate (always generate on the CPU).
+
+The graph reads the live parameters: a captured kernel reads a parameter's storage, and the optimizer
+updates that storage in place. FSDP and DeepSpeed swap the storage between forwards, so they fall back
+to generate. Unmerged LoRA adapters are only extra matmuls on parameters updated in place: supported.
+
+`StaticDecoder(use_graph=False)` is the eager twin: the same `prefill`/`decode_step` without capture. The
+CPU tests hold it to `model.generate` token for token; the graph only replays what it ran.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from grpo_tui.config.schema import GENERATION_BACKENDS
+
+# Rollouts pad their rows and cache length up to these multiples, so nearby shapes share one captured graph.
+ROW_MULTIPLE = 8
+LENGTH_MULTIPLE = 128
+# Decode steps between checks that every row has finished: each check waits for the GPU, so it is rare.
+FINISH_CHECK_EVERY = 8
+# Eager decode steps on a side stream before capture: lazy allocations and library autotuning happen there.
+WARMUP_STEPS = 3
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """The token choice GRPOConfig asks of `model.generate`, in transformers' order."""
+
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float = 1.0
+    min_p: float | None = None
+    repetition_penalty: float = 1.0
+    greedy: bool = False
+
+    @classmethod
+    def of_trainer(cls, trainer: Any) -> Sampling:
+        return cls(trainer.temperature, trainer.top_k, trainer.top_p, trainer.min_p, trainer.repetition_penalty)
+
+
+def choose_tokens(logits: torch.Tensor, sampling: Sampling, history: torch.Tensor | None = None) -> torch.Tensor:
+    """Next token per row from fp32 logits [R, V]; `history` [R, S] (-1 = not a token) feeds the repetition penalty."""
+    if sampling.repetition_penalty != 1.0 and history is not None:
+        vocab = logits.size(-1)
+        seen = torch.zeros(logits.size(0), vocab + 1, dtype=torch.bool, device=logits.device)
+        seen.scatter_(1, history.masked_fill(history < 0, vocab), True)  # [R, V + 1]; column V collects non-tokens
+        penalised = torch.where(logits < 0, logits * sampling.repetition_penalty, logits / sampling.repetition_penalty)
+        logits = torch.where(seen[:, :vocab], penalised, logits)
+    if sampling.greedy:
+        return logits.argmax(-1)
+    if sampling.temperature != 1.0:
+        logits = logits / sampling.temperature
+    if sampling.top_k:
+        kth = torch.topk(logits, min(sampling.top_k, logits.size(-1))).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if sampling.top_p < 1.0:
+        ordered, order = torch.sort(logits)  # ascending: the tail to drop comes first
+        drop = ordered.softmax(-1).cumsum(-1) <= 1 - sampling.top_p
+        drop[:, -1] = False  # the most likely token always stays
+        logits = logits.masked_fill(drop.scatter(1, order, drop), float("-inf"))
+    if sampling.min_p is not None:
+        probs = logits.softmax(-1)
+        low = probs < sampling.min_p * probs.amax(-1, keepdim=True)  # the top token is never below it
+        logits = logits.masked_fill(low, float("-inf"))
+    return torch.multinomial(logits.softmax(-1), 1).squeeze(1)
+
+
+def cut_at_eos(tokens: torch.Tensor, eos_ids: list[int]) -> list[list[int]]:
+    """Each row of [R, T] up to and including its first EOS (the whole row without one), as TRL keeps them."""
+    rows = []
+    eos = set(eos_ids)
+    for row in tokens.tolist():
+        end = next((i + 1 for i, token in enumerate(row) if token in eos), len(row))
+        rows.append(row[:end])
+    return rows
+
+
+@dataclass
+class DecodeState:
+    """The static tensors one bucket's decode step reads and writes; their storage never moves."""
+
+    cache: Any  # transformers StaticCache, max_cache_len = length
+    tokens: torch.Tensor  # [R, 1] the token each row feeds next
+    positions: torch.Tensor  # [R, 1] its rotary position
+    cache_index: torch.Tensor  # [] the cache slot the step writes (the same for every row: prompts are left-padded)
+    key_valid: torch.Tensor  # [R, L] False on prompt padding
+    key_index: torch.Tensor  # [L] 0..L-1
+    additive_mask: bool  # eager attention adds the mask; sdpa takes it as bool
+
+    @property
+    def rows(self) -> int:
+        return self.tokens.size(0)
+
+    @property
+    def length(self) -> int:
+        return self.key_index.numel()
+
+
+def _attention_mask(state: DecodeState, allowed: torch.Tensor, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    # A prepared mask mapping skips transformers' own mask building (host logic a graph cannot replay).
+    if state.additive_mask:
+        allowed = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(
+            ~allowed, torch.finfo(dtype).min
+        )
+    return {"full_attention": allowed}
+
+
+def _forward(model: Any, state: DecodeState, ids: torch.Tensor, positions: torch.Tensor, mask: dict) -> torch.Tensor:
+    out = model(
+        input_ids=ids, attention_mask=mask, position_ids=positions, cache=state.cache, use_cache=True, logits_to_keep=1
+    )
+    return out.logits[:, -1].float()  # [R, V], as generate scores in fp32
+
+
+def prefill(model: Any, state: DecodeState, ids: torch.Tensor, mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Write the left-padded prompts ids/mask [R, P] into the reset cache; the logits [R, V] after them."""
+    width = ids.size(1)
+    state.key_valid.fill_(True)
+    state.key_valid[:, :width] = mask
+    query = torch.arange(width, device=ids.device)[:, None]  # [P, 1]
+    causal = state.key_index[None, :] <= query  # [P, L]
+    # A padding query sees itself, so no row is fully masked (sdpa would return NaN into the cache).
+    allowed = (causal & state.key_valid[:, None, :]) | (state.key_index[None, :] == query)  # [R, P, L]
+    positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
+    logits = _forward(model, state, ids, positions, _attention_mask(state, allowed[:, None], dtype))
+    state.positions.copy_(positions[:, -1:] + 1)
+    state.cache_index.fill_(width)
+    return logits
+
+
+def decode_step(model: Any, state: DecodeState, dtype: torch.dtype) -> torch.Tensor:
+    """One token for every row: feeds `state.tokens`, returns the next logits [R, V]. Captured as is by the graph."""
+    allowed = state.key_valid & (state.key_index <= state.cache_index)  # [R, L]
+    logits = _forward(
+        model, state, state.tokens, state.positions, _attention_mask(state, allowed[:, None, None], dtype)
+    )
+    state.positions.add_(1)
+    state.cache_index.add_(1)
+    return logits
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
+
+
+class StaticDecoder:
+    """Batched sampling with a static KV cache; `use_graph` replays the decode step from a CUDA graph.
+
+    A bucket (rows, cache length) is kept while later rollouts fit in it: its cache is reset, not
+    reallocated, and its graph is captured again only when a rollout needs a larger bucket.
+    """
+
+    def __init__(self, use_graph: bool) -> None:
+        self.use_graph = use_graph
+        self.state: DecodeState | None = None
+        self.captures = 0  # graphs captured so far (tests and the benchmark read it)
+        self._model_id: int | None = None
+        self._graph: Any = None
+        self._graph_logits: torch.Tensor | None = None
+        self._dtype = torch.float32
+
+    def generate(
+        self,
+        model: Any,
+        prompt_ids: list[list[int]],
+        max_new_tokens: int,
+        eos_ids: list[int],
+        pad_id: int,
+        sampling: Sampling,
+    ) -> list[list[int]]:
+        """Completion ids per prompt, each cut after its first EOS (TRL's `_generate_single_turn` contract)."""
+        device = next(model.parameters()).device
+        count, width = len(prompt_ids), max(len(p) for p in prompt_ids)
+        self._fit(model, count, width + max_new_tokens, device)
+        state = self.state
+        ids = torch.full((state.rows, width), pad_id, dtype=torch.long)
+        mask = torch.zeros((state.rows, width), dtype=torch.bool)
+        for row, prompt in enumerate(prompt_ids):  # left padding, as TRL pads for generate
+            ids[row, width - len(prompt) :] = torch.tensor(prompt)
+            mask[row, width - len(prompt) :] = True
+        ids, mask = ids.to(device), mask.to(device)
+        eos = torch.tensor(eos_ids, dtype=torch.long, device=device)
+        out = torch.full((state.rows, max_new_tokens), pad_id, dtype=torch.long, device=device)
+        finished = torch.arange(state.rows, device=device) >= count  # bucket filler rows are done from the start
+        history = ids.masked_fill(~mask, -1) if sampling.repetition_penalty != 1.0 else None
+
+        state.cache.reset()  # zeroes in place: the graph keeps pointing at the same storage
+        logits = prefill(model, state, ids, mask, self._dtype)
+        steps = max_new_tokens
+        for t in range(max_new_tokens):
+            seen = None if history is None else torch.cat([history, out[:, :t]], dim=1)
+            token = torch.where(finished, pad_id, choose_tokens(logits, sampling, seen))  # finished rows emit pad
+            out[:, t] = token
+            finished |= torch.isin(token, eos)
+            if t + 1 == max_new_tokens or ((t + 1) % FINISH_CHECK_EVERY == 0 and bool(finished.all())):
+                steps = t + 1
+                break
+            state.tokens.copy_(token[:, None])
+            logits = self._step(model)
+        return cut_at_eos(out[:count, :steps].cpu(), eos_ids)
+
+    def _step(self, model: Any) -> torch.Tensor:
+        if self._graph is None:
+            return decode_step(model, self.state, self._dtype)
+        self._graph.replay()
+        return self._graph_logits
+
+    def _fit(self, model: Any, rows: int, length: int, device: torch.device) -> None:
+        state = self.state
+        if state is not None and self._model_id == id(model) and state.rows >= rows and state.length >= length:
+            return
+        from transformers import StaticCache
+
+        self.release()
+        rows, length = _round_up(rows, ROW_MULTIPLE), _round_up(length, LENGTH_MULTIPLE)
+        config = model.config
+        self._dtype = next(model.parameters()).dtype
+        self.state = state = DecodeState(
+            cache=StaticCache(config=config, max_cache_len=length),
+            tokens=torch.zeros((rows, 1), dtype=torch.long, device=device),
+            positions=torch.zeros((rows, 1), dtype=torch.long, device=device),
+            cache_index=torch.zeros((), dtype=torch.long, device=device),
+            key_valid=torch.ones((rows, length), dtype=torch.bool, device=device),
+            key_index=torch.arange(length, device=device),
+            additive_mask=config._attn_implementation == "eager",
+        )
+        self._model_id = id(model)
+        # StaticCache allocates its layers on the first write: a one-token prefill does it before any capture.
+        one = torch.ones((rows, 1), dtype=torch.bool, device=device)
+        prefill(model, state, state.tokens, one, self._dtype)
+        if self.use_graph:
+            self._capture(model)
+
+    def _capture(self, model: Any) -> None:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(WARMUP_STEPS):
+                decode_step(model, self.state, self._dtype)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            self._graph_logits = decode_step(model, self.state, self._dtype)
+        self._graph = graph
+        self.captures += 1
+
+    def release(self) -> None:
+        """Drop the cache and graph (their memory goes back to the allocator)."""
+        self.state, self._graph, self._graph_logits, self._model_id = None, None, None, None
+
+
+# ---- choosing the backend -------------------------------------------------------------------------
+def choose_backend(requested: str, device_type: str, blockers: list[str]) -> tuple[str, str | None]:
+    """The backend to use, and why a requested `graph` cannot run (None when nothing was refused)."""
+    if requested not in GENERATION_BACKENDS:
+        raise ValueError(f"grpo.generation_backend: got {requested!r}; allowed: {', '.join(GENERATION_BACKENDS)}")
+    if requested in ("generate", "static"):
+        return requested, None
+    if device_type != "cuda":  # the eager twin is for tests: on the CPU it is no faster than generate
+        return "generate", (None if requested == "auto" else f"needs a CUDA device, this run is on {device_type}")
+    if blockers:
+        return "generate", ", ".join(blockers)
+    return "graph", None
+
+
+def graph_blockers(trainer: Any) -> list[str]:
+    """What in this trainer's setup would break a captured decode step."""
+    config = trainer.model.config
+    attn = getattr(config, "_attn_implementation", None)
+    layer_types = set(getattr(config, "layer_types", None) or ["full_attention"])
+    refusals = {
+        "FSDP reshards the parameters between forwards": trainer.is_fsdp_enabled,
+        "DeepSpeed gathers the parameters per forward": trainer.is_deepspeed_enabled,
+        "use_vllm": trainer.use_vllm,
+        "use_transformers_continuous_batching": trainer.use_transformers_continuous_batching,
+        "a vision-language model": trainer._is_vlm,
+        "an encoder-decoder model": config.is_encoder_decoder,
+        f"attn_implementation {attn} (sdpa or eager only)": attn not in ("sdpa", "eager"),
+        "sliding-window or non-full attention layers": layer_types != {"full_attention"},
+        "no max_completion_length": trainer.max_completion_length is None,
+    }
+    return [reason for reason, refused in refusals.items() if refused]
+
+
+class Rollouts:
+    """The trainer's chosen backend; `single_turn` wraps TRL's `_generate_single_turn` when it is `graph`."""
+
+    def __init__(self, trainer: Any, requested: str, on_event: Callable[..., None] | None = None) -> None:
+        self.trainer = trainer
+        self.requested = requested
+        self.backend, reason = choose_backend(requested, trainer.accelerator.device.type, graph_blockers(trainer))
+        if reason is not None:
+            if trainer.accelerator.is_main_process:
+                print(
+                    f"grpo-tui: grpo.generation_backend {requested} cannot run ({reason}); using generate", flush=True
+                )
+            if on_event is not None:
+                on_event("generation_fallback", requested=requested, used=self.backend, reason=reason)
+        if self.backend == "static":
+            # TRL builds its GenerationConfig with disable_compile=True, which would leave the static cache uncompiled.
+            trainer.generation_config.cache_implementation = "static"
+            trainer.generation_config.disable_compile = False
+            trainer.generation_kwargs["cache_implementation"] = "static"
+        self.decoder = StaticDecoder(use_graph=True) if self.backend == "graph" else None
+
+    def single_turn(self, default: Callable[..., Any]) -> Callable[..., Any]:
+        """`default` itself, or a function with its signature that decodes text prompts with the graph."""
+        if self.decoder is None:
+            return default
+
+        def turn(prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+            if images is not None or multimodal_fields:
+                return default(prompt_ids, images, multimodal_fields, num_generations, has_tool_images)
+            return self.generate(prompt_ids), None  # logprobs: None, as TRL's generate path returns
+
+        return turn
+
+    def generate(self, prompt_ids: list[list[int]]) -> list[list[int]]:
+        from trl.models.utils import unwrap_model_for_generation
+
+        t = self.trainer
+        with (
+            unwrap_model_for_generation(
+                t.model_wrapped,
+                t.accelerator,
+                gather_deepspeed3_params=t.args.ds3_gather_for_generation,
+                gradient_checkpointing_kwargs=t.args.gradient_checkpointing_kwargs,
+            ) as model,
+            torch.no_grad(),
+        ):
+            return self.decoder.generate(
+                model,
+                prompt_ids,
+                t.max_completion_length,
+                t.eos_token_ids,
+                t._tokenizer.pad_token_id,
+                Sampling.of_trainer(t),
+            )

@@ -1,0 +1,271 @@
+"""grpo.generation_backend on the CPU: the static-cache decoder's eager twin against `model.generate`.
+
+The graph backend replays exactly `decode_step`; here that step runs eagerly (fp32, tiny Qwen3), so
+greedy decoding must match TRL's generate path token for token, and follow weights changed in place.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, GenerationConfig
+
+from grpo_tui.config.schema import GENERATION_BACKENDS, PresetError, validate_data
+from grpo_tui.train.generation import Sampling, StaticDecoder, choose_backend, choose_tokens, cut_at_eos
+
+# "1+2=", "12+34=", "7+45=", "99+9=", "3+4", "56+78=", "5+5=", "80+1=" in the tiny tokenizer: different
+# lengths, so rows are left-padded by different amounts.
+PROMPTS = [
+    [4, 75, 5, 83],
+    [4, 5, 75, 6, 7, 83],
+    [10, 75, 7, 8, 83],
+    [12, 12, 75, 12, 83],
+    [6, 75, 7],
+    [8, 9, 75, 10, 11, 83],
+    [8, 75, 8, 83],
+    [11, 3, 75, 4, 83],
+]
+# The digit "1" as EOS: greedy decoding (12 tokens, the model's own <eos> not stopping it) emits it first at
+# steps 0 to 10 in some rows and never in others, so rows stop at different steps and some run the full length.
+EOS = [4]
+MAX_NEW = 12
+PAD = 0
+
+
+@pytest.fixture(scope="module", params=["eager", "sdpa"])
+def model(tiny_model_path: Path, request: pytest.FixtureRequest) -> torch.nn.Module:
+    torch.set_num_threads(1)
+    model = AutoModelForCausalLM.from_pretrained(
+        tiny_model_path, dtype=torch.float32, attn_implementation=request.param
+    )
+    return model.eval()
+
+
+def reference(model: torch.nn.Module, prompts: list[list[int]], eos: list[int], **sampling) -> list[list[int]]:
+    """TRL's generate path: left padding, `model.generate`, completions cut after the first EOS."""
+    width = max(map(len, prompts))
+    ids = torch.tensor([[PAD] * (width - len(p)) + p for p in prompts], device=model.device)
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=model.device)
+    config = GenerationConfig(
+        max_new_tokens=MAX_NEW, pad_token_id=PAD, eos_token_id=eos, disable_compile=True, **sampling
+    )
+    with torch.no_grad():
+        out = model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
+    return cut_at_eos(out[:, width:], eos)
+
+
+def decode(decoder: StaticDecoder, model: torch.nn.Module, eos: list[int], sampling: Sampling, prompts=PROMPTS):
+    with torch.no_grad():
+        return decoder.generate(model, prompts, MAX_NEW, eos, PAD, sampling)
+
+
+def test_greedy_matches_generate_token_for_token(model: torch.nn.Module) -> None:
+    eos = EOS
+    expected = reference(model, PROMPTS, eos, do_sample=False)
+    got = decode(StaticDecoder(use_graph=False), model, eos, Sampling(greedy=True))
+    assert got == expected
+    lengths = [len(row) for row in got]
+    assert min(lengths) < MAX_NEW  # some rows stopped at EOS ...
+    assert all(row[-1] in eos for row in got if len(row) < MAX_NEW)  # ... and end on it
+    assert any(eos[0] not in row for row in got)  # a row that never met EOS runs the full length
+
+
+def test_sampling_with_a_seed_gives_valid_completions(model: torch.nn.Module) -> None:
+    vocab = model.config.vocab_size
+    eos = EOS
+    prompts = PROMPTS * 8
+    for sampling in (Sampling(), Sampling(temperature=0.7, top_k=20, top_p=0.9, min_p=0.05, repetition_penalty=1.3)):
+        decoder = StaticDecoder(use_graph=False)
+        torch.manual_seed(0)
+        first = decode(decoder, model, eos, sampling, prompts)
+        torch.manual_seed(0)
+        assert decode(decoder, model, eos, sampling, prompts) == first  # the seed fixes the rollout
+        assert len(first) == len(prompts)
+        for row in first:
+            assert 1 <= len(row) <= MAX_NEW and all(0 <= t < vocab for t in row)
+            assert len(row) == MAX_NEW or row[-1] in eos
+            assert all(t not in eos for t in row[:-1])
+
+
+def test_sampling_follows_generate_under_the_same_seed(model: torch.nn.Module) -> None:
+    # 8 prompts fill the decoder's row bucket exactly, so both draw the same random numbers per step.
+    prompts, eos = PROMPTS, EOS
+    params = {"temperature": 0.8, "top_k": 30, "top_p": 0.95}
+    torch.manual_seed(3)
+    expected = reference(model, prompts, eos, do_sample=True, **params)
+    torch.manual_seed(3)
+    assert decode(StaticDecoder(use_graph=False), model, eos, Sampling(**params), prompts) == expected
+
+
+def test_choose_tokens_applies_transformers_warpers_in_order() -> None:
+    from transformers.generation.logits_process import (
+        MinPLogitsWarper,
+        RepetitionPenaltyLogitsProcessor,
+        TemperatureLogitsWarper,
+        TopKLogitsWarper,
+        TopPLogitsWarper,
+    )
+
+    torch.manual_seed(0)
+    logits = torch.randn(4, 50) * 3
+    history = torch.randint(0, 50, (4, 7))
+    sampling = Sampling(temperature=0.7, top_k=25, top_p=0.8, min_p=0.1, repetition_penalty=1.5)
+    scores = RepetitionPenaltyLogitsProcessor(1.5)(history, logits.clone())
+    for warper in (TemperatureLogitsWarper(0.7), TopKLogitsWarper(25), TopPLogitsWarper(0.8), MinPLogitsWarper(0.1)):
+        scores = warper(history, scores)
+    torch.manual_seed(1)
+    expected = torch.multinomial(scores.softmax(-1), 1).squeeze(1)
+    torch.manual_seed(1)
+    assert torch.equal(choose_tokens(logits, sampling, history), expected)
+
+
+def test_decoder_follows_weights_updated_in_place(model: torch.nn.Module) -> None:
+    eos = [1]
+    decoder = StaticDecoder(use_graph=False)
+    before = decode(decoder, model, eos, Sampling(greedy=True))
+    state = decoder.state
+    saved = [p.detach().clone() for p in model.parameters()]
+    try:
+        generator = torch.Generator().manual_seed(0)
+        with torch.no_grad():  # as an optimizer step does: the same storage, new values
+            for p in model.parameters():
+                p.add_(torch.randn(p.shape, generator=generator) * 0.05)
+        after = decode(decoder, model, eos, Sampling(greedy=True))
+        assert decoder.state is state  # same bucket: the cache was reset, not rebuilt
+        assert after == reference(model, PROMPTS, eos, do_sample=False)
+        assert after != before
+    finally:
+        with torch.no_grad():
+            for p, old in zip(model.parameters(), saved, strict=True):
+                p.copy_(old)
+
+
+def test_a_larger_rollout_moves_to_a_larger_bucket(model: torch.nn.Module) -> None:
+    decoder = StaticDecoder(use_graph=False)
+    decode(decoder, model, [1], Sampling(greedy=True), PROMPTS[:2])
+    small = decoder.state
+    decode(decoder, model, [1], Sampling(greedy=True), PROMPTS[:1])
+    assert decoder.state is small  # a rollout that fits reuses the bucket
+    decode(decoder, model, [1], Sampling(greedy=True), PROMPTS * 3)
+    assert decoder.state is not small and decoder.state.rows >= len(PROMPTS) * 3
+
+
+def test_cut_at_eos_keeps_the_first_eos() -> None:
+    tokens = torch.tensor([[4, 1, 0, 0], [4, 5, 6, 7], [2, 3, 2, 1]])
+    assert cut_at_eos(tokens, [1, 2]) == [[4, 1], [4, 5, 6, 7], [2]]
+
+
+def test_auto_is_generate_on_cpu_and_graph_on_cuda() -> None:
+    assert choose_backend("auto", "cpu", []) == ("generate", None)
+    assert choose_backend("auto", "cuda", []) == ("graph", None)
+    assert choose_backend("generate", "cuda", []) == ("generate", None)
+    assert choose_backend("static", "cuda", []) == ("static", None)
+    used, reason = choose_backend("graph", "cpu", [])
+    assert used == "generate" and "CUDA" in reason
+    used, reason = choose_backend("auto", "cuda", ["FSDP reshards the parameters between forwards"])
+    assert used == "generate" and "FSDP" in reason
+    with pytest.raises(ValueError, match="allowed: auto, generate, static, graph"):
+        choose_backend("fast", "cuda", [])
+
+
+def test_unknown_backend_is_one_line_listing_the_allowed() -> None:
+    with pytest.raises(PresetError) as caught:
+        validate_data({"grpo": {"generation_backend": "vllm"}}, "p.toml")
+    (line,) = caught.value.lines
+    assert line.startswith("p.toml: grpo.generation_backend: got 'vllm'")
+    assert all(f"'{name}'" in line for name in GENERATION_BACKENDS)
+    assert validate_data({"grpo": {"generation_backend": "graph"}}, "p.toml").grpo.generation_backend == "graph"
+
+
+def test_graph_on_cpu_falls_back_with_a_note_and_an_event(
+    tiny_model_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    from tests.test_trainer import make_run, run_steps
+
+    run = make_run(tmp_path, "graph-cpu", grpo={"max_steps": 1, "generation_backend": "graph"})
+    code, steps, events = run_steps(run)
+    assert code == 0 and len(steps) == 1
+    (fallback,) = [e for e in events if e["event"] == "generation_fallback"]
+    assert fallback["requested"] == "graph" and fallback["used"] == "generate" and "CUDA" in fallback["reason"]
+    assert "grpo.generation_backend graph cannot run (needs a CUDA device" in capsys.readouterr().out
+
+
+def tiny_trainer(tmp_path: Path, *sets: str):
+    from grpo_tui.config.store import load_preset
+    from grpo_tui.runs.folder import RunDir
+    from grpo_tui.train.entry import build_trainer
+
+    preset, _ = load_preset("tiny-cpu", ["grpo.max_completion_length=8", *sets])
+    return build_trainer(preset, RunDir(tmp_path))
+
+
+@pytest.mark.parametrize("sub_batch", [None, 8])
+def test_trainer_hook_with_the_eager_twin_matches_trl(tiny_model_path: Path, tmp_path: Path, sub_batch) -> None:
+    """The trainer's `_generate_single_turn` through the decoder samples what TRL's path samples (same seed)."""
+    trainer = tiny_trainer(tmp_path, *([] if sub_batch is None else [f"grpo.generation_sub_batch={sub_batch}"]))
+    assert trainer.rollouts.backend == "generate"  # auto on the CPU
+    prompts = PROMPTS * 2  # two slices of 8 with sub_batch 8: each fills the decoder's row bucket
+    torch.manual_seed(5)
+    expected, logprobs = trainer._generate_single_turn(prompts, None, {}, 8)
+    trainer.rollouts.decoder = StaticDecoder(use_graph=False)  # what `graph` does, without the capture
+    torch.manual_seed(5)
+    got, our_logprobs = trainer._generate_single_turn(prompts, None, {}, 8)
+    assert got == expected and logprobs is None and our_logprobs is None
+
+
+def test_static_backend_sets_transformers_static_cache(tiny_model_path: Path, tmp_path: Path) -> None:
+    trainer = tiny_trainer(tmp_path, "grpo.generation_backend=static")
+    assert trainer.rollouts.backend == "static" and trainer.rollouts.decoder is None
+    config = trainer.generation_config
+    assert config.cache_implementation == "static" and not config.disable_compile
+    torch.manual_seed(5)
+    completions, _ = trainer._generate_single_turn(PROMPTS, None, {}, 8)
+    assert len(completions) == len(PROMPTS) and all(1 <= len(c) <= 8 for c in completions)
+
+
+def test_checks_note_where_graph_will_fall_back() -> None:
+    from grpo_tui.config.checks import check_preset
+    from grpo_tui.config.schema import Preset
+
+    def notes(**sections) -> list[str]:
+        result = check_preset(Preset.model_validate(sections), environment=False)
+        assert result.ok
+        return [n for n in result.notes if n.startswith("grpo.generation_backend")]
+
+    assert notes(grpo={"generation_backend": "graph"}) == []
+    assert "needs CUDA" in notes(grpo={"generation_backend": "graph"}, distributed={"use_cpu": True})[0]
+    assert "FSDP" in notes(grpo={"generation_backend": "graph"}, distributed={"fsdp": True})[0]
+    flash = {"attn_implementation": "flash_attention_2"}
+    assert "flash_attention_2" in notes(grpo={"generation_backend": "graph"}, model=flash)[0]
+    assert notes(grpo={"generation_backend": "auto"}, distributed={"fsdp": True}) == []
+
+
+def test_benchmark_smoke_on_cpu(tiny_model_path: Path, tmp_path: Path) -> None:
+    import importlib.util
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "generation_bench.py"
+    spec = importlib.util.spec_from_file_location("generation_bench", script)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    argv = [
+        "--device",
+        "cpu",
+        "--tiny",
+        "--batches",
+        "8",
+        "--new-tokens",
+        "4",
+        "--samples",
+        "8",
+        "--out",
+        str(tmp_path),
+    ]
+    assert bench.main(argv) == 0
+    result = json.loads((tmp_path / "generation-bench.json").read_text())
+    assert [r["backend"] for r in result["throughput"]] == ["graph", "generate", "static"]
+    assert all(r["tokens_per_s"] > 0 and 0 < r["bound_fraction"] for r in result["throughput"])
+    for check in result["sampling"]:
+        assert check["completions"] == 8 and 1 <= check["length_mean"] <= 4 and check["mean_logprob"] < 0
