@@ -3,7 +3,7 @@
 #
 # Run from the repository root on a CUDA machine that has torch, triton, transformers, accelerate and
 # peft (the device image), with the missing packages as wheels in .whl/ and GSM8K in .devdata/:
-#   bash benchmarks/gpu_e2e.sh PHASE...     PHASE: tests kernel memory memory2 concurrent rollout dashboard profile
+#   bash benchmarks/gpu_e2e.sh PHASE...     PHASE: tests kernel generation memory memory2 concurrent rollout dashboard profile
 # Results land in $OUT (default ./gpu-out): one folder per phase plus a log; a table is printed last.
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu-out}
@@ -26,6 +26,8 @@ GSM8K=$ROOT/.devdata/gsm8k/test.jsonl
 E2E_SETS=(--set model.name_or_path=builtin:qwen3-0.6b-shape --set "data.source=$GSM8K"
           --set grpo.gradient_accumulation_steps=1 --set grpo.max_completion_length=256
           --set grpo.gradient_checkpointing=true --set grpo.beta=0.04 --set logging.completions_per_step=0)
+# EXTRA_SETS="k=v k=v": more overrides for every e2e phase (e.g. grpo.generation_backend=generate)
+for item in ${EXTRA_SETS:-}; do E2E_SETS+=(--set "$item"); done
 
 # Built once per machine (cached under GRPO_TUI_CACHE_DIR); every trial reloads it from there.
 build_model() { python3 -c "from grpo_tui.tasks.shapes import build_shaped_model as b; print(b('qwen3-0.6b-shape'))"; }
@@ -34,7 +36,13 @@ for phase in "$@"; do
   echo "=== phase $phase $(date -u +%T)"
   case $phase in
     tests)
-      python3 -m pytest -q -p no:cacheprovider tests/gpu 2>&1 | tail -25 | tee "$OUT/gpu-tests.log"
+      timeout 240 python3 -m pytest -q -p no:cacheprovider tests/gpu 2>&1 | tail -25 | tee "$OUT/gpu-tests.log"
+      ;;
+    generation)
+      # Issue 13: rollout tokens/s per grpo.generation_backend, the sampling check and the bandwidth bound.
+      build_model || exit 1
+      timeout 250 python3 benchmarks/generation_bench.py --data "$GSM8K" --budget-s ${GEN_BUDGET:-200} \
+        --out "$OUT/generation" 2>&1 | tail -20
       ;;
     kernel)
       timeout 330 python3 -m grpo_kernels.bench ${KERNEL_ARGS:---batch 8,32,64} --out "$OUT/kernel-h200.json" 2>&1 | tail -30
@@ -115,7 +123,7 @@ for phase in "$@"; do
       python3 benchmarks/step_times.py --skip-step 3 --out "$OUT/profile/step-times.json" "${labels[@]}" \
         | tee "$OUT/profile/step-times.md"
       ;;
-    *) echo "unknown phase $phase; allowed: tests kernel memory memory2 concurrent rollout dashboard profile" >&2; exit 2 ;;
+    *) echo "unknown phase $phase; allowed: tests kernel generation memory memory2 concurrent rollout dashboard profile" >&2; exit 2 ;;
   esac
 done
 echo "=== done $(date -u +%T)"

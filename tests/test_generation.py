@@ -196,7 +196,7 @@ def test_graph_on_cpu_falls_back_with_a_note_and_an_event(
 def tiny_trainer(tmp_path: Path, *sets: str):
     from grpo_tui.config.store import load_preset
     from grpo_tui.runs.folder import RunDir
-    from grpo_tui.train.entry import build_trainer
+    from grpo_tui.train.assemble import build_trainer
 
     preset, _ = load_preset("tiny-cpu", ["grpo.max_completion_length=8", *sets])
     return build_trainer(preset, RunDir(tmp_path))

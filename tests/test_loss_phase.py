@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from grpo_tui.config.checks import check_preset
 from grpo_tui.config.schema import Preset, PresetError, validate_data
 from grpo_tui.runs.folder import RunDir
-from grpo_tui.train import entry, loss_phase
+from grpo_tui.train import assemble, loss_phase
 from grpo_tui.train.loss_phase import LossPhaseMixin, merge_metric, slice_bounds, slice_inputs, slice_share
 
 TINY_PRESET = Path(__file__).resolve().parents[1] / "presets" / "tiny-cpu.toml"
@@ -52,7 +52,7 @@ def train(tmp_path: Path, name: str, impl: str = "chunked", peft: dict | None = 
         data["peft"] = peft
     run = RunDir(tmp_path / name)
     run.path.mkdir(parents=True)
-    trainer = entry.build_trainer(Preset.model_validate(data), run)
+    trainer = assemble.build_trainer(Preset.model_validate(data), run)
     trainer.train()
     return trainer
 
