@@ -16,7 +16,7 @@ if [ -d .whl ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 fi
 # grpo_kernels is the folder kernels/: expose it under its import name without installing the project.
-mkdir -p /tmp/pp && ln -sfn "$ROOT/kernels" /tmp/pp/grpo_kernels
+mkdir -p /tmp/pp && ln -sfn "$ROOT/kernels" /tmp/pp/grpo_kernels && ln -sfn "$ROOT/presets" /tmp/pp/grpo_tui_presets
 export PYTHONPATH=/tmp/pp:$ROOT:/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 
@@ -105,7 +105,7 @@ for phase in "$@"; do
       # (GRPO_TUI_PROFILE_STEP) and its operator tables land in the run folder. ~6 min on an H200.
       build_model || exit 1
       labels=()
-      for impl in chunked trl; do
+      for impl in ${PROFILE_IMPLS:-chunked trl}; do
         for batch in ${PROFILE_BATCHES:-64 128}; do
           steps=2; profile=
           if [ "$batch" = 64 ]; then steps=3; profile=3; fi
