@@ -22,7 +22,7 @@ from grpo_tui import cli
 from grpo_tui.config.store import load_preset
 from grpo_tui.launch import supervisor as supervisor_module
 from grpo_tui.launch.command import build_accelerate_config
-from grpo_tui.launch.supervisor import Supervisor, prepare_run, run_foreground, stop_run
+from grpo_tui.launch.supervisor import Supervisor, run_foreground, stop_run
 from grpo_tui.runs.failures import exception_line, failure_reason
 from grpo_tui.runs.folder import RunDir, read_json, write_json_atomic
 from grpo_tui.runs.metrics import MetricsWriter

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import json
 import random
+import time
 from pathlib import Path
 
-from ui_support import SIZE, plain, wait_for
+from ui_support import SIZE, mark_running, plain, wait_for
 
 from grpo_tui.dashboard.screens.dashboard import DashboardScreen
 from grpo_tui.dashboard.state import RunState
@@ -82,7 +83,27 @@ async def test_the_dashboard_opens_a_hostile_stream(app_factory, runs_dir) -> No
         await wait_for(pilot, lambda: isinstance(app.screen, DashboardScreen) and app.screen.updates > 0)
         await pilot.pause(0.3)
         assert "step 14" in plain(app.screen.query_one("#progress"))
-        for tab in ("memory", "completions", "metrics"):
-            await pilot.press(*"1234")  # every tab draws
+        for key in "12341":  # every tab draws the hostile stream
+            await pilot.press(key)
+            await pilot.pause(0.1)
+        await pilot.press("end", "left_square_bracket")  # the step browser over the steps with infinities
         await pilot.pause(0.2)
+        assert app.is_running
+
+
+async def test_t_rewrites_a_malformed_control_json(app_factory, runs_dir) -> None:
+    run = make_run(runs_dir / "live", steps=10, finished=False).path
+    mark_running(run)
+    control = run / "control.json"
+    control.write_text('{"request_id": "abc"}')
+    app = app_factory(clock=time.time)
+    async with app.run_test(size=SIZE) as pilot:
+        app.open_run(run)
+        await wait_for(pilot, lambda: isinstance(app.screen, DashboardScreen) and app.screen.updates > 0)
+        await pilot.press("t")
+        await wait_for(pilot, lambda: json.loads(control.read_text()).get("loss_impl") == "naive")
+        assert isinstance(json.loads(control.read_text())["request_id"], int)
+        control.write_text("[1]")
+        await pilot.press("t")
+        await wait_for(pilot, lambda: control.read_text() != "[1]")
         assert app.is_running
