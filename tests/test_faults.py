@@ -16,7 +16,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from test_runner import fake_run
+from test_runner import fake_run, steps_logged, wait_for
 
 from grpo_tui import cli
 from grpo_tui.config.store import load_preset
@@ -231,12 +231,16 @@ def test_the_launcher_killed_leaves_no_rank_behind(tmp_path: Path) -> None:
     run.command.write_text(json.dumps(command))
     supervisor = Supervisor(run)
     supervisor.start()
-    from test_runner import steps_logged, wait_for
-
-    wait_for(lambda: steps_logged(run) >= 1, "a step")
-    trainer = [p.pid for p in psutil.Process(supervisor.proc.pid).children()]
-    os.kill(supervisor.proc.pid, signal.SIGKILL)
-    assert supervisor.wait() == 128 + signal.SIGKILL
-    status = run.read_status()
-    assert status["status"] == "failed" and "SIGKILL" in status["reason"]
-    assert trainer and not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie" for pid in trainer)
+    try:
+        wait_for(lambda: steps_logged(run) >= 1, "a step")
+        trainer = [p.pid for p in psutil.Process(supervisor.proc.pid).children()]
+        os.kill(supervisor.proc.pid, signal.SIGKILL)
+        assert supervisor.wait() == 128 + signal.SIGKILL
+        status = run.read_status()
+        assert status["status"] == "failed" and "SIGKILL" in status["reason"]
+        assert trainer and not any(psutil.pid_exists(p) and psutil.Process(p).status() != "zombie" for p in trainer)
+    finally:  # a failing run of this test leaves no trainer behind either
+        try:
+            os.killpg(supervisor.proc.pid, signal.SIGKILL)
+        except OSError:
+            pass
