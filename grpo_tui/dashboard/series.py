@@ -1,6 +1,7 @@
 """Float columns for run metrics: extraction from records at C speed, and shape-keeping downsampling.
 
-Plain functions over `array('d')` and lists (no Textual, no torch). NaN marks a missing value.
+Plain functions over `array('d')` and lists (no Textual, no torch). NaN marks a missing value; +-inf
+(a value the trainer logged as Infinity, or a number beyond a double) is kept as such and drawn as a gap.
 """
 
 from __future__ import annotations
@@ -72,7 +73,7 @@ def floats(values: Sequence[Any]) -> array:
     """Values as doubles; anything that is not a number becomes NaN."""
     try:
         return array("d", values)  # C speed when every value is a number (the usual case)
-    except TypeError:
+    except (TypeError, OverflowError):  # OverflowError: an integer beyond a double
         return array("d", [num(v) for v in values])
 
 
@@ -142,8 +143,13 @@ def nanmax(values: Sequence[float]) -> float | None:
 
 # ---- small conversions ---------------------------------------------------------------------------
 def num(value: Any) -> float:
-    """A number as a float (bools count as 0/1); anything else is NaN."""
-    return float(value) if isinstance(value, (int, float)) else NAN
+    """A number as a float (bools count as 0/1; an integer beyond a double is +-inf); anything else is NaN."""
+    if not isinstance(value, (int, float)):
+        return NAN
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf if value > 0 else -math.inf
 
 
 def nan_to(value: float, default: float) -> float:

@@ -126,8 +126,8 @@ class RunState:
                     batch = []
                 self._apply_event(record)
                 changed = True
-            elif isinstance(record.get("step"), (int, float)) and math.isfinite(record["step"]):
-                batch.append(record)  # a step record without a usable step number is skipped
+            elif as_float(record.get("step")) is not None:
+                batch.append(record)  # a step record without a usable (finite) step number is skipped
         if batch:
             self._apply_steps(batch)
             changed = True
@@ -196,12 +196,13 @@ class RunState:
         if last and not stale:
             self.loss_impl = last
         times = self._cols.get("time")
-        if times is not None:
+        if times is not None:  # a non-finite time (1e309 parses as inf) says nothing about when
             last = times[-1]
-            if not math.isnan(last):
+            if math.isfinite(last):
                 self.last_time = last if self.last_time is None else max(self.last_time, last)
-            if self.start_time is None and not math.isnan(times[0]):
-                self.start_time = times[0] - nan_to(self._cols.get("step_time", [NAN])[0], 0.0)
+            first_step_s = nan_to(self._cols.get("step_time", [NAN])[0], 0.0)
+            if self.start_time is None and math.isfinite(times[0] - first_step_s):
+                self.start_time = times[0] - first_step_s
         self.last_record = recs[-1]
 
     def _apply_memory(self, recs: list[dict[str, Any]], n0: int) -> None:
@@ -341,9 +342,9 @@ class RunState:
     def median_step_time(self, last: int | None = None) -> float | None:
         """Median of `step_time` (or of time deltas between steps) over the last `last` steps (all if None)."""
         start = 0 if last is None else max(0, len(self.steps) - last - 1)  # only the tail: cheap on long runs
-        values = [v for v in self._cols.get("step_time", array("d"))[start:] if not math.isnan(v)]
+        values = [v for v in self._cols.get("step_time", array("d"))[start:] if math.isfinite(v)]
         if not values:
-            times = [t for t in self._cols.get("time", array("d"))[start:] if not math.isnan(t)]
+            times = [t for t in self._cols.get("time", array("d"))[start:] if math.isfinite(t)]
             values = [b - a for a, b in zip(times, times[1:]) if b > a]
         if last is not None:
             values = values[-last:]

@@ -13,10 +13,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from grpo_tui.config.schema import Preset
-from grpo_tui.runs.folder import RunDir
+from grpo_tui.config.schema import DistributedSection, Preset
+from grpo_tui.runs.folder import RunDir, write_private_text
 
 TRAIN_MODULE = "grpo_tui.train"
+# The preset's port when none was chosen. On one machine it is replaced by 0, which makes accelerate pick
+# a free port per run: torch's rendezvous store listens on every interface (no way to bind it to
+# loopback through accelerate/torchrun), so a fixed well-known port is not left open to guess.
+DEFAULT_PORT = DistributedSection.model_fields["main_process_port"].default
 
 
 def build_accelerate_config(preset: Preset, machine_rank: int | None = None) -> dict[str, Any]:
@@ -58,7 +62,8 @@ def build_accelerate_config(preset: Preset, machine_rank: int | None = None) -> 
     if not d.use_cpu:
         config["gpu_ids"] = "all"
     if distributed or d.fsdp:
-        config["main_process_port"] = d.main_process_port
+        one_machine_default = d.num_machines == 1 and d.main_process_port == DEFAULT_PORT
+        config["main_process_port"] = 0 if one_machine_default else d.main_process_port
     if d.num_machines > 1:
         config["main_process_ip"] = d.main_process_ip
     if distributed_type == "FSDP":
@@ -98,7 +103,7 @@ def accelerate_config_yaml(preset: Preset, machine_rank: int | None = None) -> s
 
 def write_accelerate_config(preset: Preset, path: Path, machine_rank: int | None = None) -> Path:
     path = Path(path)
-    path.write_text(accelerate_config_yaml(preset, machine_rank), encoding="utf-8")
+    write_private_text(path, accelerate_config_yaml(preset, machine_rank))
     return path
 
 

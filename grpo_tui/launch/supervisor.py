@@ -6,12 +6,18 @@ RUN_DIR` in its own session (`spawn_detached`), so closing the app leaves the ru
 the trainer runs in its own process group, its output goes to stdout.log, and run.json records
 pids, status and the exit code. Whether a run is alive, and its status, is `runs.status.judge`'s
 to say: this module only supervises.
+
+No trainer outlives its run's tracking: when the launcher exits (or is killed) the supervisor ends
+whatever is left in the run's process group, and the trainer stops itself at its next step boundary
+when the supervisor is gone (its pid and create time are passed in the environment).
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -26,11 +32,12 @@ from grpo_tui.config.overrides import apply_overrides
 from grpo_tui.config.schema import Preset, PresetError
 from grpo_tui.config.store import dump_preset
 from grpo_tui.launch.command import build_launch_command, launch_env, per_node_commands, write_accelerate_config
+from grpo_tui.launch.process_group import group_members, process_identity, run_group, terminate_group
 from grpo_tui.launch.progress import ProgressPrinter
-from grpo_tui.runs.failures import failure_reason
-from grpo_tui.runs.folder import RunDir, read_json
+from grpo_tui.runs.failures import failure_reason, signal_name
+from grpo_tui.runs.folder import RunDir, open_private, read_json, write_private_text
 from grpo_tui.runs.metrics import MetricsTail
-from grpo_tui.runs.status import RunStatus, pid_alive
+from grpo_tui.runs.status import SUPERVISOR_PID_ENV, SUPERVISOR_STARTED_ENV, RunStatus
 
 # Seconds between SIGTERM and SIGKILL when a process group is killed.
 KILL_GRACE_S = 5.0
@@ -53,7 +60,7 @@ def prepare_run(
         if result.errors:
             raise PresetError(result.errors)
     run = RunDir.create(Path(preset.logging.runs_dir), preset.name)
-    run.config.write_text(dump_preset(preset), encoding="utf-8")
+    write_private_text(run.config, dump_preset(preset))
     write_accelerate_config(preset, run.accelerate_config)
     command: dict[str, Any] = {
         "argv": build_launch_command(preset, run.path),
@@ -62,7 +69,7 @@ def prepare_run(
     }
     if preset.distributed.num_machines > 1:
         command["per_node"] = per_node_commands(preset, run.path)
-    run.command.write_text(json.dumps(command, indent=1) + "\n", encoding="utf-8")
+    write_private_text(run.command, json.dumps(command, indent=1) + "\n")
     run.update_status(preset=preset.name, status=RunStatus.STARTING, created=time.time())
     return run
 
@@ -97,11 +104,13 @@ class Supervisor:
             raise PresetError([f"{self.run.command}: no launch command recorded"])
         env = {**os.environ, **{str(k): str(v) for k, v in (command.get("env") or {}).items()}}
         cwd = command.get("cwd") if command.get("cwd") and Path(command["cwd"]).is_dir() else None
-        me = _process_identity(os.getpid())
+        me = process_identity(os.getpid())
+        if me is not None:  # the trainer stops itself once this process is gone (train/control.py)
+            env.update({SUPERVISOR_PID_ENV: str(os.getpid()), SUPERVISOR_STARTED_ENV: repr(me)})
         self.run.update_status(status=RunStatus.STARTING, pid=os.getpid(), pid_started=me, started=time.time())
         if self.killed:  # killed before it started: start nothing
             raise OSError("the run was killed before the trainer started")
-        with open(self.run.stdout, "ab") as log:
+        with open_private(self.run.stdout, "ab") as log:
             # Own session = own process group: a terminal's Ctrl-C reaches only us, and one killpg
             # reaches every rank accelerate starts.
             self.proc = subprocess.Popen(
@@ -115,7 +124,7 @@ class Supervisor:
             )
         child = self.proc.pid
         self.run.update_status(
-            status=RunStatus.RUNNING, child_pid=child, child_started=_process_identity(child), pgid=child
+            status=RunStatus.RUNNING, child_pid=child, child_started=process_identity(child), pgid=child
         )
 
     def wait(self) -> int:
@@ -131,22 +140,29 @@ class Supervisor:
             finally:
                 if self.on_records is not None:
                     self.on_records(tail.read_new())
-        return self._finish(code)
+        # The launcher is gone; ranks it left behind (it was killed) must not train on untracked.
+        orphans = bool(group_members(self.proc.pid))
+        if orphans:
+            terminate_group(self.proc.pid, lambda: bool(group_members(self.proc.pid)), KILL_GRACE_S)
+        return self._finish(code, orphans)
 
-    def _finish(self, code: int) -> int:
+    def _finish(self, code: int, orphans: bool = False) -> int:
         control = read_json(self.run.control) or {}
-        stop_requested = bool(control.get("stop"))
+        stop_requested = control.get("stop") is True
         fields: dict[str, Any] = {"ended": time.time(), "exit_code": code}
         if code == 0:
             status, result = (RunStatus.STOPPED if stop_requested else RunStatus.FINISHED), 0
             fields["reason"] = "stopped on request" if stop_requested else None
-        elif self.killed or (stop_requested and control.get("kill")):
+        elif self.killed or (stop_requested and control.get("kill") is True):
             status, result = RunStatus.STOPPED, _shell_code(code)
             fields["reason"] = "killed on request before the trainer finished"
+        elif code < 0 and orphans:
+            status, result = RunStatus.FAILED, _shell_code(code)
+            fields["reason"] = f"the launcher was killed by {signal_name(-code)}; the ranks it left were stopped"
         else:
             status, result = RunStatus.FAILED, _shell_code(code)
-            fields["reason"] = failure_reason(self.run.metrics, self.run.stdout, code)
-        self.run.update_status(status=status, **fields)
+            fields["reason"] = _with_disk_note(failure_reason(self.run.metrics, self.run.stdout, code), self.run.path)
+        record_status(self.run, status=status, **fields)
         return result
 
     def request_stop(self) -> None:
@@ -159,29 +175,40 @@ class Supervisor:
             if self.proc is None or self.proc.poll() is not None:
                 return
             proc = self.proc
-        _terminate_group(proc.pid, lambda: proc.poll() is None, grace)
+        terminate_group(proc.pid, lambda: proc.poll() is None, grace)
+
+
+def record_status(run: RunDir, **fields: Any) -> bool:
+    """`run.update_status`, but a failed write (a full disk) is one line on stderr, not a traceback."""
+    try:
+        run.update_status(**fields)
+        return True
+    except OSError as exc:
+        name = errno.errorcode.get(exc.errno or 0, "error")
+        print(
+            f"grpo-tui: cannot record {fields.get('status')} in {run.status} ({name}: {exc.strerror})", file=sys.stderr
+        )
+        return False
+
+
+# Free bytes under which a failed run's reason says the disk is full (reserved blocks leave a little).
+DISK_FULL_BYTES = 1024 * 1024
+
+
+def _with_disk_note(reason: str, path: Path) -> str:
+    """The reason, naming ENOSPC when the run folder's disk is full and the reason does not say so."""
+    try:
+        full = shutil.disk_usage(path).free < DISK_FULL_BYTES
+    except OSError:
+        full = False
+    if full and "ENOSPC" not in reason and "No space left" not in reason:
+        return f"{reason} (ENOSPC: the disk holding the run folder is full)"
+    return reason
 
 
 def _shell_code(code: int) -> int:
     """A child killed by signal N (Popen's -N) exits 128 + N, as a shell reports it."""
     return 128 - code if code < 0 else code
-
-
-def _terminate_group(pgid: int, still_there: Callable[[], bool], grace: float) -> None:
-    """SIGTERM the process group, wait up to `grace` seconds while `still_there()`, then SIGKILL it."""
-    _signal_group(pgid, signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline and still_there():
-        time.sleep(0.05)
-    # The leader may be gone while ranks linger: the group still gets the final signal.
-    _signal_group(pgid, signal.SIGKILL)
-
-
-def _signal_group(pgid: int, sig: signal.Signals) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def supervise(run_dir: Path, echo: TextIO | None = None, interactive: bool = False) -> int:
@@ -219,8 +246,8 @@ def supervise(run_dir: Path, echo: TextIO | None = None, interactive: bool = Fal
             supervisor.start()
         except OSError as exc:  # the interpreter or launcher could not be started at all
             status = RunStatus.STOPPED if supervisor.killed else RunStatus.FAILED
-            run.update_status(
-                status=status, ended=time.time(), exit_code=None, reason=f"cannot start the trainer: {exc}"
+            record_status(
+                run, status=status, ended=time.time(), exit_code=None, reason=f"cannot start the trainer: {exc}"
             )
             print(f"run {status}: cannot start the trainer: {exc}", file=sys.stderr, flush=True)
             return 1
@@ -263,7 +290,7 @@ def run_foreground(run_dir: Path, headless: bool = True, out: TextIO | None = No
 def spawn_detached(run_dir: Path) -> int:
     """Start `python -m grpo_tui.cli supervise RUN_DIR` in its own session; returns its pid."""
     run = RunDir(Path(run_dir).resolve())
-    with open(run.stdout, "ab") as log:
+    with open_private(run.stdout, "ab") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "grpo_tui.cli", "supervise", str(run.path)],
             stdin=subprocess.DEVNULL,
@@ -287,24 +314,8 @@ def stop_run(run_dir: Path, force: bool = False, grace: float = KILL_GRACE_S) ->
         run.request(stop=True)
         return f"{run.name}: stop requested; the trainer stops at its next step boundary"
     run.request(stop=True, kill=True)
-    status = run.read_status()
-    pgid, child = status.get("pgid"), status.get("child_pid")
-    if not isinstance(pgid, int) or not _same_process(child, status.get("child_started")):
-        return f"{run.name}: no live trainer process recorded; nothing to kill"
-    _terminate_group(pgid, lambda: _same_process(child, status.get("child_started")), grace)
+    pgid = run_group(run)
+    if pgid is None:
+        return f"{run.name}: no live process group of this run found; nothing to kill"
+    terminate_group(pgid, lambda: bool(group_members(pgid)), grace)
     return f"{run.name}: process group {pgid} killed"
-
-
-def _process_identity(pid: int) -> float | None:
-    """The process's start time: with the pid, it tells a live process from a reused pid."""
-    try:
-        import psutil
-
-        return psutil.Process(pid).create_time()
-    except Exception:  # psutil missing or the process already gone
-        return None
-
-
-def _same_process(pid: Any, started: Any) -> bool:
-    """`pid` is alive and was created at `started` (run.json's record), not a later process reusing the id."""
-    return pid_alive(pid, float(started) if isinstance(started, (int, float)) else None)

@@ -6,8 +6,11 @@ them) use the same words without importing each other.
 
 from __future__ import annotations
 
+import errno
+import os
 import re
 import signal
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +24,9 @@ OOM_ADVICE = (
 # Launcher wrappers whose "error" only says that the child failed: the cause is further up.
 _WRAPPER_ERRORS = ("CalledProcessError", "ChildFailedError")
 _EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit))(:.*)?$")
+# How launchers report a rank killed by a signal: accelerate's CalledProcessError ("died with
+# <Signals.SIGKILL: 9>") and torchrun's ChildFailedError ("Signal 9 (SIGKILL) received by PID").
+_SIGNAL_IN_LOG = re.compile(r"died with <Signals\.(SIG[A-Z0-9]+)|\((SIG[A-Z0-9]+)\) received by PID")
 
 
 # The rollout's own knobs, for the phases they bound (the loss and optimizer phases hold one micro-batch).
@@ -47,22 +53,48 @@ def failure_reason(metrics_path: Path, stdout_path: Path, exit_code: int | None 
         if reason is not None:
             return reason
     if exit_code is not None and exit_code < 0:
-        name = _signal_name(-exit_code)
-        hint = " (the system may have run out of host memory)" if name == "SIGKILL" else ""
-        return f"the trainer was killed by {name}{hint}"
+        return _killed_by(signal_name(-exit_code))
     return _log_reason(stdout_path)
 
 
 def event_reason(record: dict[str, Any]) -> str | None:
-    """The one line for an error or oom event of the metrics stream; None for any other record."""
+    """The one line for an error, oom or supervisor_lost event of the metrics stream; None for any other."""
     if record.get("event") == "oom":
         return oom_message(record.get("phase"), record.get("step"))
     if record.get("event") == "error":
         return _error_text(record)
+    if record.get("event") == "supervisor_lost":
+        return one_line(str(record.get("message") or "the supervisor process is gone; the trainer stopped itself"))
     return None
 
 
-def _signal_name(number: int) -> str:
+def exception_line(exc: BaseException) -> str:
+    """The trainer's one line for an exception: its message, or where it came from when it has none.
+
+    An OSError names its errno (ENOSPC: a full disk); `StopIteration()` (empty data) says where it was
+    raised rather than repeating its type.
+    """
+    if isinstance(exc, OSError) and exc.errno is not None:
+        code = errno.errorcode.get(exc.errno, str(exc.errno))
+        where = f": {exc.filename}" if exc.filename else ""
+        return one_line(f"{code}: {exc.strerror or os.strerror(exc.errno)}{where}", limit=400)
+    text = one_line(str(exc), limit=400)
+    if text:
+        return text
+    frames = traceback.extract_tb(exc.__traceback__)
+    if not frames:
+        return "raised without a message"
+    last = frames[-1]
+    return f"raised without a message in {Path(last.filename).name}:{last.lineno} ({last.name})"
+
+
+def _killed_by(name: str) -> str:
+    hint = " (the system may have run out of host memory)" if name == "SIGKILL" else ""
+    return f"the trainer was killed by {name}{hint}"
+
+
+def signal_name(number: int) -> str:
+    """SIGKILL for 9; "signal N" for a number that names no signal here."""
     try:
         return signal.Signals(number).name
     except ValueError:
@@ -82,6 +114,10 @@ def _log_reason(stdout_path: Path) -> str:
     except OSError:
         return "the trainer exited without output"
     lines = [line.strip() for line in lines if line.strip()]
+    for line in reversed(lines):
+        killed = _SIGNAL_IN_LOG.search(line)
+        if killed:  # the launcher's own "error" hides that a rank was killed: say by what
+            return _killed_by(killed.group(1) or killed.group(2))
     for line in reversed(lines):
         match = _EXCEPTION_LINE.match(line)
         if match and not match.group(1).endswith(_WRAPPER_ERRORS):

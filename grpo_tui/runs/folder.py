@@ -11,6 +11,8 @@ runs/<YYYYmmdd-HHMMSS>-<preset>/
     run.json               pids, process group, state, exit code (written by the runner; status.judge reads it)
 
 Data flows one way (runner -> trainer -> files -> dashboard); the only way back is control.json.
+The folder is created 0700 and every file in it 0600 (prompts and completions are the user's data);
+a umask can only narrow that further.
 """
 
 from __future__ import annotations
@@ -23,9 +25,29 @@ import time
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
-from grpo_tui.config.schema import Preset
+from grpo_tui.config.schema import LOSS_IMPLS, Preset
+
+# Modes a run's folder and files are created with (os.mkdir / os.open apply the umask on top).
+PRIVATE_DIR_MODE = 0o700
+PRIVATE_FILE_MODE = 0o600
+# Largest JSON file read_json parses: run.json, command.json and control.json are a few hundred bytes;
+# anything far larger was not written by us and is not worth parsing (a 50 MB control.json once was).
+MAX_JSON_BYTES = 64 * 1024
+_OPEN_FLAGS = {"a": os.O_WRONLY | os.O_CREAT | os.O_APPEND, "w": os.O_WRONLY | os.O_CREAT | os.O_TRUNC}
+
+
+def open_private(path: Path, mode: str = "a", encoding: str | None = "utf-8") -> IO[Any]:
+    """`open(path, mode)` ("a", "ab", "w", "wb"), but a file it creates is private (PRIVATE_FILE_MODE)."""
+    fd = os.open(path, _OPEN_FLAGS[mode[0]], PRIVATE_FILE_MODE)
+    return os.fdopen(fd, mode, encoding=None if "b" in mode else encoding)
+
+
+def write_private_text(path: Path, text: str) -> None:
+    """`path.write_text(text)`, creating the file private (PRIVATE_FILE_MODE)."""
+    with open_private(path, "w") as handle:
+        handle.write(text)
 
 
 def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
@@ -44,10 +66,17 @@ def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
 
 
 def read_json(path: Path) -> dict[str, Any] | None:
-    """The JSON object in `path`, or None when missing, unreadable or not an object."""
+    """The JSON object in `path`, or None when missing, unreadable, over MAX_JSON_BYTES or not an object.
+
+    Never raises for the content: these files may be edited by hand (binary, deeply nested, huge).
+    """
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        with open(path, "rb") as handle:
+            raw = handle.read(MAX_JSON_BYTES + 1)
+        if len(raw) > MAX_JSON_BYTES:
+            return None
+        data = json.loads(raw.decode("utf-8"))
+    except (OSError, ValueError, RecursionError):  # ValueError covers bad JSON and bad UTF-8
         return None
     return data if isinstance(data, dict) else None
 
@@ -69,7 +98,8 @@ class RunDir:
         while candidate.exists():
             n += 1
             candidate = base.with_name(f"{base.name}-{n}")
-        candidate.mkdir(parents=True)
+        candidate.parent.mkdir(parents=True, exist_ok=True)
+        candidate.mkdir(mode=PRIVATE_DIR_MODE)
         return cls(candidate)
 
     @property
@@ -127,14 +157,34 @@ class RunDir:
         return status
 
     def request(self, **fields: Any) -> dict[str, Any]:
-        """Merge fields into control.json (e.g. loss_impl="naive", stop=True); a request id lets the
-        trainer tell a new request from one it already acted on."""
-        control = read_json(self.control) or {}
+        """Merge fields into control.json (e.g. loss_impl="naive", stop=True) and rewrite it atomically.
+
+        A request id lets the trainer tell a new request from one it already acted on. Whatever the
+        file held (a hand edit: garbage, wrong types), only the valid requests in it are kept, so the
+        new one is never rejected for an old mistake.
+        """
+        old = read_json(self.control) or {}
+        control = _valid_requests(old)
         control.update(fields)
-        control["request_id"] = int(control.get("request_id", 0)) + 1
+        previous = old.get("request_id")
+        if isinstance(previous, int) and not isinstance(previous, bool) and 0 <= previous < 2**53:
+            control["request_id"] = previous + 1
+        elif not self.control.exists():
+            control["request_id"] = 1
+        else:
+            # The last id is unknown: one from the clock (ms) differs from any the trainer has seen.
+            control["request_id"] = time.time_ns() // 1_000_000
         control["time"] = time.time()
         write_json_atomic(self.control, control)
         return control
+
+
+def _valid_requests(control: dict[str, Any]) -> dict[str, Any]:
+    """The requests of an old control.json that the trainer accepts (see train/control.py)."""
+    kept: dict[str, Any] = {k: control[k] for k in ("stop", "kill") if isinstance(control.get(k), bool)}
+    if control.get("loss_impl") in LOSS_IMPLS:
+        kept["loss_impl"] = control["loss_impl"]
+    return kept
 
 
 def list_runs(runs_dir: Path) -> list[RunDir]:

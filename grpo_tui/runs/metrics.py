@@ -28,9 +28,13 @@ plus every metric TRL logs under TRL's own name (e.g. `rewards/<func>/mean`, `fr
 
 Event records have an `event` key: start, finish, error, oom, loss_impl_switch, control_error, stop_requested,
 generation_fallback (requested, used, reason: grpo.generation_backend could not run).
+supervisor_lost (the trainer found its supervisor gone and stopped itself; `message` says so).
 
 Readers skip a truncated last line (a writer may be mid-line) and lines from a newer schema they
-cannot parse are still returned as dicts: unknown keys are ignored, never fatal.
+cannot parse are still returned as dicts: unknown keys are ignored, never fatal. Lines that are not
+JSON objects, longer than MAX_LINE_BYTES or nested too deeply to parse are skipped and counted
+(`MetricsTail.skipped`); a reader never raises for a line's content. Values may be NaN or +-Infinity
+(the writer allows them): consumers draw them as gaps and print them as `nan` / `inf`.
 
 This module is the stream's one writer (`MetricsWriter`) and its one reader: every consumer reads
 through `read_records` (the whole file), `MetricsTail` (incremental, optionally block by block),
@@ -50,6 +54,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from grpo_tui.runs.folder import open_private
+
 SCHEMA_VERSION = 1
 
 EVENTS = frozenset(
@@ -61,6 +67,7 @@ EVENTS = frozenset(
         "loss_impl_switch",
         "control_error",
         "stop_requested",
+        "supervisor_lost",
         "checkpoint",
         "generation_fallback",
     }
@@ -81,6 +88,9 @@ TAIL_BYTES = 64 * 1024
 HEAD_BYTES = 16 * 1024
 # Bytes read and parsed at a time by `MetricsTail.read_blocks` (a long run is never all dicts at once).
 BLOCK_BYTES = 1024 * 1024
+# Longest line parsed: a step record is ~2 KB, a start event of 1,000 ranks ~100 KB; a longer line
+# was not written by MetricsWriter and parsing it could take seconds.
+MAX_LINE_BYTES = 256 * 1024
 
 
 class MetricsWriter:
@@ -89,7 +99,7 @@ class MetricsWriter:
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = open(self.path, "a", encoding="utf-8")  # held for the run
+        self._file = open_private(self.path, "a")  # held for the run
 
     def write(self, record: dict[str, Any]) -> dict[str, Any]:
         full = {"v": SCHEMA_VERSION, "time": time.time(), **record}
@@ -138,27 +148,34 @@ _DECODERS = tuple(d for d in (_fast_loads, json.loads) if d is not None)
 PARSE_BATCH_LINES = 2000
 
 
-def _parse_lines(lines: list[bytes]) -> Iterator[dict[str, Any]]:
+def _parse_lines(lines: list[bytes], skipped: list[int] | None = None) -> Iterator[dict[str, Any]]:
+    """The dict records of `lines`; each line skipped (too long, not JSON, not an object) adds 1 to skipped[0]."""
     for start in range(0, len(lines), PARSE_BATCH_LINES):
         batch = [line for line in lines[start : start + PARSE_BATCH_LINES] if line.strip()]
-        joined, records = b"[" + b",".join(batch) + b"]", None
+        short = [line for line in batch if len(line) <= MAX_LINE_BYTES]
+        joined, records = b"[" + b",".join(short) + b"]", None
         for decode in _DECODERS:
             try:
                 records = decode(joined)
                 break
-            except ValueError:  # JSONDecodeError (both libraries) and UnicodeDecodeError are ValueErrors
+            # JSONDecodeError (both libraries) and UnicodeDecodeError are ValueErrors; a deeply nested
+            # line makes the stdlib decoder recurse too deep.
+            except (ValueError, RecursionError):
                 continue
-        if records is None or len(records) != len(batch):
-            records = list(_parse_each(batch))  # a torn line in the batch: find it line by line
-        yield from (record for record in records if isinstance(record, dict))
+        if records is None or len(records) != len(short):
+            records = list(_parse_each(short))  # a torn line in the batch: find it line by line
+        good = [record for record in records if isinstance(record, dict)]
+        if skipped is not None:
+            skipped[0] += len(batch) - len(good)
+        yield from good
 
 
 def _parse_each(lines: list[bytes]) -> Iterator[Any]:
     for line in lines:
         try:
             yield json.loads(line)
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            continue  # a torn write from a crash: skip it rather than lose the rest
+        except (ValueError, RecursionError):
+            continue  # a torn write from a crash (or a hand-made line): skip it rather than lose the rest
 
 
 @dataclass
@@ -171,6 +188,12 @@ class MetricsTail:
     path: Path
     offset: int = 0
     _partial: bytes = field(default=b"", repr=False)
+    _skipped: list[int] = field(default_factory=lambda: [0], repr=False)
+
+    @property
+    def skipped(self) -> int:
+        """Lines read so far that were not records (too long, too deep, not JSON objects)."""
+        return self._skipped[0]
 
     def read_new(self, max_bytes: int = -1) -> list[dict[str, Any]]:
         """The complete records appended since the last call (from at most `max_bytes` new bytes)."""
@@ -186,7 +209,9 @@ class MetricsTail:
         data = self._partial + chunk
         lines = data.split(b"\n")
         self._partial = lines.pop()  # b"" when the chunk ended on a newline
-        return list(_parse_lines(lines))
+        if len(self._partial) > MAX_LINE_BYTES:  # an endless line: drop what came so far, keep reading
+            self._partial = b"x" * (MAX_LINE_BYTES + 1)  # still counts as overlong when its end arrives
+        return list(_parse_lines(lines, self._skipped))
 
     def read_blocks(self, block_bytes: int = BLOCK_BYTES) -> Iterator[list[dict[str, Any]]]:
         """Everything appended so far, one block of records at a time.
@@ -201,8 +226,9 @@ class MetricsTail:
                 break
             if records:
                 yield records
-        self.offset -= len(self._partial)
-        self._partial = b""
+        if len(self._partial) <= MAX_LINE_BYTES:  # (an overlong one stays dropped)
+            self.offset -= len(self._partial)
+            self._partial = b""
 
 
 def read_records(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
@@ -268,11 +294,12 @@ def read_recent(path: str | os.PathLike[str], recent_bytes: int) -> RecentRecord
         lo, hi = data.rfind(b"\n", 0, pos) + 1, data.find(b"\n", pos)
         lines.append(data[lo:hi])
         pos = data.find(b'"event"', hi, start)
-    events = [r for r in _parse_lines(lines) if "event" in r]
-    records = list(_parse_lines(data[start:end].split(b"\n")[:-1]))
+    tail = MetricsTail(Path(path), offset=end)
+    events = [r for r in _parse_lines(lines, tail._skipped) if "event" in r]
+    records = list(_parse_lines(data[start:end].split(b"\n")[:-1], tail._skipped))
     if isinstance(data, mmap.mmap):
         data.close()
-    return RecentRecords(events, records, start > 0, MetricsTail(Path(path), offset=end))
+    return RecentRecords(events, records, start > 0, tail)
 
 
 def step_records(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -280,12 +307,19 @@ def step_records(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def as_int(value: Any) -> int | None:
-    """A record's integer field, or None when absent, non-numeric (bools too) or not finite."""
-    return (
-        int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) else None
-    )
+    """A record's integer field, or None when absent, non-numeric (bools too), not finite or beyond a float."""
+    number = as_float(value)
+    return int(number) if number is not None else None
 
 
 def as_float(value: Any) -> float | None:
-    """A record's numeric field as a float, or None when absent or non-numeric (bools too)."""
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+    """A record's numeric field (a time, a pid's start) as a float; None when absent, non-numeric (bools
+    too), not finite or beyond a float (a 400-digit integer). Metric values that may be +-inf are read as
+    columns (dashboard/series.py), not through this."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None

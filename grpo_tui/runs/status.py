@@ -49,6 +49,10 @@ ENDED_STATES = frozenset({RunStatus.FINISHED, RunStatus.FAILED, RunStatus.STOPPE
 STARTING_GRACE_S = 30.0
 # Slack (s) between run.json's start time and the process's create time before a pid counts as reused.
 PID_REUSE_SLACK_S = 5.0
+# Environment variables through which the supervisor tells the trainer its pid and create time: a
+# trainer whose supervisor is gone stops itself (train/control.py SupervisorWatch).
+SUPERVISOR_PID_ENV = "GRPO_TUI_SUPERVISOR_PID"
+SUPERVISOR_STARTED_ENV = "GRPO_TUI_SUPERVISOR_STARTED"
 
 # Colour of each state wherever it is drawn (rich colour names): the runs list and the dashboard's badge.
 STATUS_COLOURS: dict[str, str] = {
@@ -128,20 +132,22 @@ def stream_verdict(records: Iterable[dict[str, Any]]) -> StatusVerdict:
     """What the stream's records say: `stream_status`, with the failure's one line when it failed."""
     events = [(str(r["event"]), r) for r in records if "event" in r]
     state = stream_status(events)
-    reasons = [event_reason(fields) for _, fields in events] if state is RunStatus.FAILED else []
+    # A failure says why; so does a trainer that stopped itself because its supervisor was gone.
+    explained = {RunStatus.FAILED: {"error", "oom"}, RunStatus.STOPPED: {"supervisor_lost"}}.get(state, set())
+    reasons = [event_reason(fields) for kind, fields in events if kind in explained]
     return StatusVerdict(state, next((r for r in reversed(reasons) if r), None))
 
 
 def stream_status(events: Iterable[tuple[str, dict[str, Any]]]) -> RunStatus:
     """From (kind, fields) of a run's events: failed (error / oom), stopped (a finish after a stop
-    request, or saying stopped), finished, or running (no end yet)."""
+    request or a lost supervisor, or saying stopped), finished, or running (no end yet)."""
     events = list(events)
     kinds = {kind for kind, _ in events}
     if kinds & {"error", "oom"}:
         return RunStatus.FAILED
     finish = [fields for kind, fields in events if kind == "finish"]
     if finish:
-        stopped = "stop_requested" in kinds or finish[-1].get("stopped") is True
+        stopped = bool(kinds & {"stop_requested", "supervisor_lost"}) or finish[-1].get("stopped") is True
         return RunStatus.STOPPED if stopped else RunStatus.FINISHED
     return RunStatus.RUNNING
 

@@ -42,9 +42,16 @@ def main(argv: list[str] | None = None, hard_exit: bool = False) -> int:
         code = _report_failure(exc, writer, session)
     finally:
         if writer is not None:
-            writer.close()
+            _close_quietly(writer)
         _shutdown_distributed(state, healthy=code == EXIT_OK, hard_exit=hard_exit, code=code)
     return code
+
+
+def _close_quietly(writer: MetricsWriter) -> None:
+    try:
+        writer.close()
+    except OSError as exc:  # a full disk fails the final flush too; the failure is reported already
+        print(f"grpo-tui: closing {writer.path.name}: {exc}", file=sys.stderr)
 
 
 def _shutdown_distributed(state: Any, healthy: bool, hard_exit: bool = False, code: int = EXIT_OK) -> None:
@@ -84,7 +91,7 @@ def _use_cpu_hint(run: RunDir) -> bool:
 def _report_failure(exc: BaseException, writer: MetricsWriter | None, session: TrainingSession | None) -> int:
     import torch
 
-    from grpo_tui.runs.failures import one_line, oom_message
+    from grpo_tui.runs.failures import exception_line, oom_message
     from grpo_tui.tasks.data import DataError
     from grpo_tui.tasks.rewards import RewardError
     from grpo_tui.train.trainer import LossImplError
@@ -109,5 +116,9 @@ def _report_failure(exc: BaseException, writer: MetricsWriter | None, session: T
         return EXIT_OOM
     traceback.print_exc()
     if writer is not None:
-        writer.event("error", message=one_line(str(exc), limit=400) or type(exc).__name__, type=type(exc).__name__)
+        message = exception_line(exc)
+        try:
+            writer.event("error", message=message, type=type(exc).__name__)
+        except OSError as again:  # e.g. the disk that filled up: stdout.log may still say it
+            print(f"grpo-tui: cannot record the error ({type(exc).__name__}: {message}): {again}", file=sys.stderr)
     return EXIT_CONFIG if isinstance(exc, (DataError, RewardError, LossImplError)) else EXIT_ERROR

@@ -9,7 +9,9 @@ Only the main process writes RUN/metrics.jsonl and RUN/completions.jsonl:
               written AFTER the record of the step that just ended. A switch names the first step computed
               with the new implementation (that step's record carries it), so a reader taking the newest of
               "last step record" and "last switch event" never sees the implementation flip back;
-    finish    when training ends (finished or stopped on request).
+    supervisor_lost  when rank 0 finds the supervisor that started the run gone: every rank stops at that
+              step boundary, as on a stop request (a run must not train on untracked and unstoppable);
+    finish    when training ends (finished, or stopped on request or by a lost supervisor).
 SIGINT asks for a stop at the next step boundary, like `{"stop": true}`; a second SIGINT interrupts.
 """
 
@@ -21,10 +23,10 @@ import signal
 from typing import Any
 
 from grpo_tui.config.schema import Preset
-from grpo_tui.runs.folder import RunDir
+from grpo_tui.runs.folder import RunDir, open_private
 from grpo_tui.runs.metrics import MetricsWriter
 from grpo_tui.train.assemble import build_trainer
-from grpo_tui.train.control import ControlDecision, ControlReader
+from grpo_tui.train.control import ControlDecision, ControlReader, SupervisorWatch
 
 
 class TrainingSession:
@@ -36,8 +38,9 @@ class TrainingSession:
         self.stop_reason: str | None = None
         self._sigint = False
         self._last_reward: dict[str, float] = {}
-        self._completions = open(run.completions, "a", encoding="utf-8") if writer is not None else None
+        self._completions = open_private(run.completions, "a") if writer is not None else None
         self._control = ControlReader(run.control)
+        self._supervisor = SupervisorWatch()
         # Events decided at a step boundary wait for that step's record (see the module docstring)
         self._pending: list[tuple[str, dict[str, Any]]] = []
 
@@ -143,10 +146,12 @@ class TrainingSession:
 
         from grpo_tui.train.trainer import LossImplError
 
-        decision = self._control.poll() if self.state.is_main_process else ControlDecision()
+        main = self.state.is_main_process
+        decision = self._control.poll() if main else ControlDecision()
+        lost = self._supervisor.lost() if main and self.stop_reason is None else None
         sigint = self._sigint and self.stop_reason is None
         if self.state.use_distributed:
-            decision, sigint = broadcast_object_list([decision, sigint], from_process=0)
+            decision, sigint, lost = broadcast_object_list([decision, sigint, lost], from_process=0)
         step = self.step
         if decision.error:
             self._pending.append(("control_error", {"step": step, "message": decision.error}))
@@ -158,15 +163,21 @@ class TrainingSession:
             except LossImplError as exc:
                 self._pending.append(("control_error", {"step": step, "message": str(exc)}))
         if (decision.stop or sigint) and self.stop_reason is None:
-            self.stop_reason = "sigint" if sigint and not decision.stop else "control"
-            control.should_training_stop = True
-            if self.preset.logging.save_steps > 0:
-                control.should_save = True
+            self._stop(control, "sigint" if sigint and not decision.stop else "control")
             fields = {"step": step, "source": self.stop_reason, "request_id": decision.request_id}
             self._pending.append(("stop_requested", fields))
+        if lost and self.stop_reason is None:
+            self._stop(control, "supervisor_lost")
+            self._pending.append(("supervisor_lost", {"step": step, "message": lost}))
         # DefaultFlowCallback (first in the list) has decided by now whether this step gets a record.
         if not control.should_log:
             self._flush_pending()
+
+    def _stop(self, control: Any, reason: str) -> None:
+        self.stop_reason = reason
+        control.should_training_stop = True
+        if self.preset.logging.save_steps > 0:
+            control.should_save = True
 
     def _flush_pending(self) -> None:
         for name, fields in self._pending:

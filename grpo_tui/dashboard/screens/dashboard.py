@@ -231,7 +231,11 @@ class DashboardScreen(Screen[None]):
     def _write_request(self, loss_impl: str) -> None:
         from grpo_tui.runs.folder import RunDir
 
-        RunDir(self.run_path).request(loss_impl=loss_impl)
+        try:
+            RunDir(self.run_path).request(loss_impl=loss_impl)
+        except OSError as exc:  # e.g. a full disk: say so, keep the dashboard
+            self.app.call_from_thread(self.notify, f"Cannot write control.json: {exc}", severity="error")
+            return
         self.post_message(LossImplRequested(self.run_path, loss_impl))
 
     def on_loss_impl_requested(self, message: LossImplRequested) -> None:

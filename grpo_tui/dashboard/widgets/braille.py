@@ -43,8 +43,9 @@ def _fmt(value: float) -> str:
 
 
 def _bounds(series: Sequence[Series]) -> tuple[float, float, float, float] | None:
-    xs = [x for s in series for x in s.xs]
-    ys = [y for s in series for y in s.ys if not math.isnan(y)]
+    # Only finite points set the scale: NaN and +-inf are drawn as gaps (see _column_spans).
+    xs = [x for s in series for x, y in zip(s.xs, s.ys) if math.isfinite(x) and math.isfinite(y)]
+    ys = [y for s in series for x, y in zip(s.xs, s.ys) if math.isfinite(x) and math.isfinite(y)]
     if not xs or not ys:
         return None
     x0, x1, y0, y1 = min(xs), max(xs), min(ys), max(ys)
@@ -53,6 +54,8 @@ def _bounds(series: Sequence[Series]) -> tuple[float, float, float, float] | Non
         y0, y1 = y0 - pad, y1 + pad
     if x1 == x0:
         x1 = x0 + 1
+    if not (math.isfinite(y1 - y0) and math.isfinite(x1 - x0)):  # finite ends, but a span beyond a double
+        return None
     return x0, x1, y0, y1
 
 
@@ -139,7 +142,7 @@ def _column_spans(s: Series, x0: float, y1: float, sx: float, sy: float, dot_w: 
 
     prev: tuple[float, float] | None = None
     for x, y in zip(s.xs, s.ys):
-        if math.isnan(y):
+        if not (math.isfinite(y) and math.isfinite(x)):  # a gap in the line
             prev = None
             continue
         px, py = (x - x0) * sx, (y1 - y) * sy
