@@ -119,7 +119,7 @@ INVALID_SETS = {
     "peft.alpha=inf": "peft.alpha: got inf; Input should be a finite number",
     "rewards.functions.0.weight=nan": "rewards.functions.0.weight: got nan; Input should be a finite number",
     'model.name_or_path=""': "model.name_or_path: got ''; String should have at least 1 character",
-    'model.name_or_path="a\\u0085b"': "model.name_or_path: got 'a\\x85b'; printable characters only, found U+0085",
+    'model.name_or_path="a\\u0085b"': "model.name_or_path: got 'a\\x85b'; one printable line, found U+0085",
     "grpo.seed=-1": "grpo.seed: got -1; Input should be greater than or equal to 0",
     "grpo.seed=4294967296": "grpo.seed: got 4294967296; Input should be less than 4294967296",
 }

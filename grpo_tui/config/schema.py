@@ -75,7 +75,7 @@ def _no_bool(value: Any) -> Any:
 def _one_line(value: str) -> str:
     if not value.isprintable():
         bad = next(c for c in value if not c.isprintable())
-        raise ValueError(f"printable characters only, found U+{ord(bad):04X}")
+        raise ValueError(f"one printable line, found U+{ord(bad):04X}")
     return value
 
 
