@@ -42,6 +42,7 @@ PASSTHROUGH: dict[tuple[str, ...], Passthrough] = {
     ("slurm",): Passthrough("grpo_tui.launch.slurm", "main", "a run folder plus an sbatch script for a SLURM job"),
 }
 EXIT_USAGE = 2  # bad input (argparse uses 2 as well)
+EXIT_ENVIRONMENT = 1  # the machine refused (a folder we may not write, a full disk)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -59,13 +60,43 @@ def main(argv: list[str] | None = None) -> int:
         print("interrupted", file=sys.stderr)
         return 130
     except Exception as exc:
-        from grpo_tui.config.schema import PresetError  # imported late: it loads pydantic
-
-        if not isinstance(exc, PresetError):
-            raise
-        for line in exc.lines:
+        answer = user_error(exc, f"grpo-tui {argv[0]}" if argv else "grpo-tui")
+        if answer is None:
+            raise  # a bug: the traceback is for us
+        code, lines = answer
+        for line in lines:
             print(line, file=sys.stderr)
-        return EXIT_USAGE
+        return code
+
+
+def user_error(exc: Exception, where: str) -> tuple[int, list[str]] | None:
+    """The exit code and one line per problem for an error the user's input or machine caused, else None.
+
+    Inputs are validated before use, so these are the last net: an OSError (ENAMETOOLONG, EACCES,
+    ENOSPC), input nested past the recursion limit, text that is not UTF-8, or a ValueError from input.
+    """
+    import tomllib
+
+    from pydantic import ValidationError  # imported late: pydantic is slow to load
+
+    from grpo_tui.config.schema import PresetError, clip, format_errors
+
+    if isinstance(exc, PresetError):
+        return EXIT_USAGE, exc.lines
+    if isinstance(exc, OSError):
+        target = f"{clip(str(exc.filename))}: " if exc.filename is not None else ""
+        return EXIT_ENVIRONMENT, [f"{where}: {target}{exc.strerror or clip(str(exc))}"]
+    if isinstance(exc, RecursionError):
+        return EXIT_USAGE, [f"{where}: input nested too deeply to read"]
+    if isinstance(exc, UnicodeError):
+        return EXIT_USAGE, [f"{where}: text that is not valid UTF-8 or cannot be encoded: {clip(str(exc))}"]
+    if isinstance(exc, ValidationError):
+        return EXIT_USAGE, format_errors(exc, where)
+    if isinstance(exc, tomllib.TOMLDecodeError):
+        return EXIT_USAGE, [f"{where}: TOML syntax error: {clip(str(exc), 160)}"]
+    if isinstance(exc, ValueError):
+        return EXIT_USAGE, [f"{where}: {clip(str(exc), 160)}"]
+    return None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -262,18 +293,19 @@ def _cmd_presets_show(args: argparse.Namespace) -> int:
 
 def _cmd_presets_validate(args: argparse.Namespace) -> int:
     from grpo_tui.config.checks import check_preset
-    from grpo_tui.config.schema import PresetError
+    from grpo_tui.config.schema import PresetError, clip
     from grpo_tui.config.store import load_preset
 
     failed = False
     for arg in args.files:
         try:
-            preset, path = load_preset(arg)
+            preset, found = load_preset(arg)
         except PresetError as exc:
             failed = True
             for line in exc.lines:
                 print(line, file=sys.stderr)
             continue
+        path = clip(str(found))
         static = check_preset(preset, environment=False)
         here = check_preset(preset)
         for line in static.errors:

@@ -348,7 +348,7 @@ def test_existing_local_data_file_and_module_reward_are_accepted(tmp_path: Path)
     data = tmp_path / "train.jsonl"
     data.write_text('{"question": "1+1=", "answer": "2"}\n')
     preset = Preset.model_validate(
-        {"data": {"source": str(data)}, "rewards": {"functions": [{"name": "os.path:basename"}]}}
+        {"data": {"source": str(data)}, "rewards": {"functions": [{"name": "grpo_tui.tasks.rewards:length_penalty"}]}}
     )
     assert check_preset(preset, environment=False).errors == []
 

@@ -7,15 +7,14 @@ so `presets validate` can report them without failing on a laptop that will not 
 
 from __future__ import annotations
 
-import importlib
 import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from grpo_tui.config.schema import Preset
-from grpo_tui.tasks.data import BUILTIN_ADDITION, LOCAL_SUFFIXES
-from grpo_tui.tasks.rewards import REWARDS
+from grpo_tui.config.schema import ECHO_LIMIT, Preset, clip, shorten
+from grpo_tui.tasks.data import BUILTIN_ADDITION, LOCAL_SUFFIXES, first_row, template_problem
+from grpo_tui.tasks.rewards import REWARDS, RewardError, resolve_reward, signature_problem
 from grpo_tui.tasks.shapes import QWEN3_SHAPES
 from grpo_tui.tasks.tiny import BUILTIN_MODEL
 
@@ -120,6 +119,8 @@ def _check_loss(preset: Preset, result: CheckResult) -> None:
         result.notes.append(
             f"grpo.beta: {g.beta} with LoRA: the reference model is the base with adapters disabled (no second copy)"
         )
+    if p.enabled and not p.target_modules:
+        result.errors.append("peft.target_modules: empty with peft.enabled; name the modules LoRA adapts, e.g. q_proj")
     if p.enabled and "lm_head" in p.target_modules and preset.loss.impl == "chunked":
         result.errors.append(
             "peft.target_modules: lm_head with loss.impl chunked is refused (the fused head reads the base "
@@ -150,11 +151,12 @@ def _check_model(preset: Preset, result: CheckResult) -> None:
     if name.startswith("builtin:"):
         if name.removeprefix("builtin:") not in BUILTIN_MODELS:
             known = ", ".join(f"builtin:{m}" for m in BUILTIN_MODELS)
-            result.errors.append(f"model.name_or_path: got {name!r}; built-in models: {known}")
+            result.errors.append(f"model.name_or_path: got {shorten(name)}; built-in models: {known}")
         return
-    path = Path(name).expanduser()
-    if _looks_local(name) and not path.exists():
-        result.errors.append(f"model.name_or_path: got {name!r}; no such local folder (or give a hub id owner/name)")
+    if _looks_local(name) and not _exists(Path(name).expanduser()):
+        result.errors.append(
+            f"model.name_or_path: got {shorten(name)}; no such local folder (or give a hub id owner/name)"
+        )
 
 
 def _check_data(preset: Preset, result: CheckResult) -> None:
@@ -162,47 +164,53 @@ def _check_data(preset: Preset, result: CheckResult) -> None:
     allowed = "builtin:addition, a hub id (openai/gsm8k), or a local .jsonl/.json/.parquet file"
     if source.startswith("builtin:"):
         if source.removeprefix("builtin:") not in BUILTIN_DATA:
-            result.errors.append(f"data.source: got {source!r}; allowed: {allowed}")
-        return
-    path = Path(source).expanduser()
-    if path.suffix in LOCAL_SUFFIXES:  # what grpo_tui.tasks.data reads from a local file
-        if not path.is_file():
-            result.errors.append(f"data.source: got {source!r}; no such file")
-    elif path.exists():
-        result.errors.append(f"data.source: got {source!r}; a local file must end in .jsonl, .json or .parquet")
-    elif _looks_local(source) or not HUB_ID_RE.match(source):
-        result.errors.append(f"data.source: got {source!r}; allowed: {allowed}")
+            result.errors.append(f"data.source: got {shorten(source)}; allowed: {allowed}")
+            return
+    else:
+        path = Path(source).expanduser()
+        if path.suffix in LOCAL_SUFFIXES:  # what grpo_tui.tasks.data reads from a local file
+            if not _exists(path, file=True):
+                result.errors.append(f"data.source: got {shorten(source)}; no such file")
+        elif _exists(path):
+            result.errors.append(
+                f"data.source: got {shorten(source)}; a local file must end in .jsonl, .json or .parquet"
+            )
+        elif _looks_local(source) or not HUB_ID_RE.match(source):
+            result.errors.append(f"data.source: got {shorten(source)}; allowed: {allowed}")
+    # Tried on the first row where it is known, else for its form alone; the trainer checks again.
+    problem = template_problem(preset.data.prompt_template, first_row(source), echo=shorten)
+    if problem:
+        result.errors.append(f"data.prompt_template: {problem}")
 
 
 def _looks_local(name: str) -> bool:
     return name.startswith(("/", "./", "../", "~"))
 
 
+def _exists(path: Path, file: bool = False) -> bool:
+    """Whether `path` exists (is a file); a path the system refuses to look at (EACCES, ELOOP) does not."""
+    try:
+        return path.is_file() if file else path.exists()
+    except OSError:
+        return False
+
+
 def _check_rewards(preset: Preset, result: CheckResult) -> None:
+    row = first_row(preset.data.source)
+    columns = set(row) - {"prompt"} if row is not None else None  # TRL passes every column but the prompt
     for index, spec in enumerate(preset.rewards.functions):
         where = f"rewards.functions.{index}.name"
-        if ":" in spec.name:
-            problem = _import_problem(spec.name)
-            if problem:
-                result.errors.append(f"{where}: got {spec.name!r}; {problem}")
-        elif spec.name not in REWARDS:
+        if ":" not in spec.name and spec.name not in REWARDS:
             known = ", ".join(sorted(REWARDS))
-            result.errors.append(f"{where}: got {spec.name!r}; registered rewards: {known} (or module:function)")
-
-
-def _import_problem(spec: str) -> str | None:
-    """None when `module:function` imports to a callable, else why not."""
-    module_name, _, attr = spec.partition(":")
-    if not module_name or not attr:
-        return "expected module:function"
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as exc:  # the user's module may fail in any way on import
-        return f"cannot import module {module_name!r}: {type(exc).__name__}: {exc}"
-    target = getattr(module, attr, None)
-    if not callable(target):
-        return f"module {module_name!r} has no function {attr!r}"
-    return None
+            result.errors.append(f"{where}: got {shorten(spec.name)}; registered rewards: {known} (or module:function)")
+            continue
+        try:
+            # Imports a module:function reward (its top-level code runs: see the README's Security section).
+            problem = signature_problem(resolve_reward(spec.name), columns)
+        except RewardError as exc:
+            problem = str(exc).removeprefix("rewards.functions.name: ")
+        if problem:
+            result.errors.append(f"{where}: got {shorten(spec.name)}; {clip(problem, 3 * ECHO_LIMIT)}")
 
 
 def _check_gpus(preset: Preset, result: CheckResult, visible: int | None) -> None:

@@ -12,17 +12,24 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from grpo_tui.config.schema import Preset, PresetError, field_model, validate_data
+from grpo_tui.config.schema import Preset, PresetError, clip, field_model, shorten, validate_data
 
 SOURCE = "--set"
 
 
 def parse_value(text: str) -> Any:
-    """A TOML value (number, bool, string, array, inline table), else the text itself."""
+    """A TOML value (number, bool, string, array, inline table), else the text itself.
+
+    Raises PresetError for values TOML reads but Python cannot hold (4,301 digits, arrays 1,000 deep).
+    """
     try:
         return tomllib.loads(f"v = {text}")["v"]
     except tomllib.TOMLDecodeError:
         return text
+    except RecursionError:
+        raise PresetError([f"{SOURCE}: got {shorten(text)}; arrays or tables nested too deeply"]) from None
+    except ValueError as exc:  # an integer past Python's int-str digit limit
+        raise PresetError([f"{SOURCE}: got {shorten(text)}; {clip(str(exc), 160)}"]) from None
 
 
 def parse_override(item: str) -> tuple[list[str], Any]:
@@ -30,7 +37,7 @@ def parse_override(item: str) -> tuple[list[str], Any]:
     key, sep, raw = item.partition("=")
     key = key.strip()
     if not sep or not key or any(not part for part in key.split(".")):
-        raise PresetError([f"{SOURCE}: got {item!r}; expected dotted.key=value, e.g. grpo.max_steps=5"])
+        raise PresetError([f"{SOURCE}: got {shorten(item)}; expected dotted.key=value, e.g. grpo.max_steps=5"])
     return key.split("."), parse_value(raw.strip())
 
 
@@ -55,11 +62,11 @@ def _assign(data: dict[str, Any], path: list[str], value: Any) -> None:
     node: Any = data
     model: type[BaseModel] | None = Preset
     for depth, part in enumerate(path):
-        dotted = ".".join(path[: depth + 1])
+        dotted = clip(".".join(path[: depth + 1]))
         last = depth == len(path) - 1
         if isinstance(node, list):
-            if not part.isdigit() or int(part) >= len(node):
-                raise PresetError([f"{SOURCE}: {dotted}: no item {part!r}; indexes 0..{len(node) - 1}"])
+            if not (part.isascii() and part.isdigit()) or len(part) > 9 or int(part) >= len(node):
+                raise PresetError([f"{SOURCE}: {dotted}: no item {shorten(part)}; indexes 0..{len(node) - 1}"])
             index = int(part)
             if last:
                 node[index] = value
@@ -68,7 +75,7 @@ def _assign(data: dict[str, Any], path: list[str], value: Any) -> None:
             continue
         if not isinstance(node, dict) or part not in _keys(node, model):
             allowed = ", ".join(sorted(_keys(node, model))) if isinstance(node, dict) else "(none: not a section)"
-            parent = ".".join(path[:depth]) or "(top level)"
+            parent = clip(".".join(path[:depth])) or "(top level)"
             raise PresetError([f"{SOURCE}: {dotted}: unknown key in {parent}; allowed keys: {allowed}"])
         if last:
             node[part] = value

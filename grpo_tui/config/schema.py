@@ -12,14 +12,114 @@ import typing
 from collections.abc import Iterator, Sequence
 from typing import Annotated, Any, Literal, NamedTuple
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
 from pydantic.fields import FieldInfo
 
-PositiveInt = Annotated[int, Field(ge=1)]
-NonNegFloat = Annotated[float, Field(ge=0.0)]
+# ---- bounds: far beyond any real run, low enough that a typo (10**18) is refused here rather than
+# after 15-30 s of start-up, or by an allocation that takes the machine down ------------------------
+# Sequences per device, completions per prompt, sub-batches: no accelerator holds 65,536 sequences.
+MAX_BATCH = 65_536
+# Tokens in a prompt, a completion or a kernel chunk: 2**20, the longest context windows of today's models.
+MAX_TOKENS = 1_048_576
+# Optimizer steps (and step intervals): 10**8 is three years at one step a second.
+MAX_STEPS = 100_000_000
+# Processes per machine, machines per job: the largest clusters run a few thousand nodes.
+MAX_PROCESSES = 4_096
+# Rows taken from a data set: more than any data set on the hub.
+MAX_ROWS = 1_000_000_000
+# LoRA rank: no released model has a hidden size above 16,384, and the rank cannot exceed it.
+MAX_LORA_RANK = 16_384
+# Seeds: numpy's seed range (transformers' set_seed seeds numpy with the same value).
+SEED_LIMIT = 2**32
+# |reward weight|: rewards are summed in fp32; larger weights swamp every other reward.
+MAX_REWARD_WEIGHT = 1e6
+# Sampling temperature: logits are divided by it; past 100 sampling is uniform noise.
+MAX_TEMPERATURE = 100.0
+# Paths: Linux's PATH_MAX for a whole path and NAME_MAX (bytes) for one component (else ENAMETOOLONG).
+MAX_PATH = 4_096
+MAX_PATH_PART_BYTES = 255
+# One-line text (hub ids, splits, module names, hosts) and prose (templates, system prompts).
+MAX_LINE = 1_024
+MAX_PROSE = 100_000
+# Echoed user values in error lines are cut to this many characters (one input was 100,182).
+ECHO_LIMIT = 80
+
+
+def clip(text: str, limit: int = ECHO_LIMIT) -> str:
+    """`text` on one printable line, cut to about `limit` characters: a user value or path in an error line."""
+    if not text.isprintable():
+        # Newlines would split the line; lone surrogates (from undecodable argv bytes) cannot be printed.
+        text = text.encode("unicode_escape", "backslashreplace").decode("ascii")
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
+def shorten(value: Any, limit: int = ECHO_LIMIT) -> str:
+    """`repr(value)` cut to about `limit` characters: how every error line echoes a user's value."""
+    try:
+        text = repr(value)
+    except ValueError:  # an int past Python's int-to-str digit limit
+        return f"an integer of about {int(value.bit_length() * 0.30103)} digits"
+    except RecursionError:
+        return "a value nested too deeply"
+    return clip(text, limit)
+
+
+def _no_bool(value: Any) -> Any:
+    # Lax ints and floats take true/false as 1/0; `max_steps = true` is a mistake. Strict mode would
+    # also refuse the strings the preset editor's form sends, so only bools are refused here.
+    if isinstance(value, bool):
+        raise ValueError("a number, not true/false")
+    return value
+
+
+def _one_line(value: str) -> str:
+    if not value.isprintable():
+        bad = next(c for c in value if not c.isprintable())
+        raise ValueError(f"one printable line, found U+{ord(bad):04X}")
+    return value
+
+
+# Prose may hold newlines and tabs; no other control characters and no lone surrogates (not encodable).
+_PROSE_BAD_RE = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\ud800-\udfff]")
+
+
+def _prose(value: str) -> str:
+    bad = _PROSE_BAD_RE.search(value)
+    if bad:
+        raise ValueError(f"text without control characters or lone surrogates, found U+{ord(bad.group()):04X}")
+    return value
+
+
+def _path_text(value: str) -> str:
+    long_part = next((p for p in value.split("/") if len(p.encode("utf-8")) > MAX_PATH_PART_BYTES), None)
+    if long_part is not None:
+        raise ValueError(f"each folder or file name at most {MAX_PATH_PART_BYTES} bytes")
+    return value
+
+
+Int = Annotated[int, BeforeValidator(_no_bool)]
+Float = Annotated[float, BeforeValidator(_no_bool)]
+PositiveInt = Annotated[Int, Field(ge=1)]
+NonNegFloat = Annotated[Float, Field(ge=0.0)]
+Count = Annotated[Int, Field(ge=1, le=MAX_BATCH)]
+Steps = Annotated[Int, Field(ge=0, le=MAX_STEPS)]
+Tokens = Annotated[Int, Field(ge=1, le=MAX_TOKENS)]
+Line = Annotated[str, Field(max_length=MAX_LINE), AfterValidator(_one_line)]
+Prose = Annotated[str, Field(max_length=MAX_PROSE), AfterValidator(_prose)]
+# A local path or a hub id: not empty, within PATH_MAX and NAME_MAX.
+PathText = Annotated[
+    str, Field(min_length=1, max_length=MAX_PATH), AfterValidator(_one_line), AfterValidator(_path_text)
+]
 
 # Names a user may give a preset: they become part of a run folder's name.
 PRESET_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
+
+def name_from_stem(stem: str) -> str:
+    """A valid preset name for a file named `stem` (spaces and other symbols become '-')."""
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", stem).lstrip("._-")[:64]
+    return name or "unnamed"
+
 
 LossImpl = Literal["chunked", "naive", "trl"]
 # Read from the type, so the CLI, the trainer and the control reader cannot drift from the schema.
@@ -31,11 +131,13 @@ GENERATION_BACKENDS: tuple[str, ...] = typing.get_args(GenerationBackend)
 class _Section(BaseModel):
     # Unknown keys are errors (a typo must not silently fall back to a default); assignment is
     # validated so `--set` overrides go through the same checks.
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # NaN and ±inf are refused everywhere: `temperature = inf` or a `nan` weight would run to the end
+    # with reward 0 and loss 0.
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 class ModelSection(_Section):
-    name_or_path: str = Field(
+    name_or_path: PathText = Field(
         "builtin:tiny-qwen3",
         description="Hub id (Qwen/Qwen3-0.6B), local folder, or builtin:tiny-qwen3 (built offline)",
     )
@@ -48,23 +150,28 @@ class ModelSection(_Section):
 
 
 class DataSection(_Section):
-    source: str = Field(
+    source: PathText = Field(
         "builtin:addition",
         description="openai/gsm8k (hub), a local .jsonl/.parquet path, or builtin:addition (synthetic)",
     )
-    split: str = "train"
-    prompt_template: str = Field("{question}", description="Python format string over the row's columns")
-    system_prompt: str | None = None
-    max_samples: PositiveInt | None = None
+    split: Annotated[Line, Field(min_length=1)] = "train"
+    prompt_template: Prose = Field("{question}", description="Python format string over the row's columns")
+    system_prompt: Prose | None = None
+    max_samples: Annotated[PositiveInt, Field(le=MAX_ROWS)] | None = None
 
 
 class RewardSpec(_Section):
-    name: str = Field(description="A registered reward (grpo-tui rewards) or module:function")
-    weight: float = 1.0
+    name: Annotated[Line, Field(min_length=1)] = Field(
+        description="A registered reward (grpo-tui rewards) or module:function"
+    )
+    weight: Annotated[Float, Field(ge=-MAX_REWARD_WEIGHT, le=MAX_REWARD_WEIGHT)] = 1.0
 
 
 class RewardsSection(_Section):
-    functions: list[RewardSpec] = Field(default_factory=lambda: [RewardSpec(name="addition_partial")])
+    # 64: more reward functions than any recipe uses; each one is called on every completion.
+    functions: Annotated[list[RewardSpec], Field(max_length=64)] = Field(
+        default_factory=lambda: [RewardSpec(name="addition_partial")]
+    )
 
     @field_validator("functions")
     @classmethod
@@ -75,28 +182,29 @@ class RewardsSection(_Section):
 
 
 class GrpoSection(_Section):
-    num_generations: Annotated[int, Field(ge=2)] = 8
-    per_device_batch_size: PositiveInt = 8
-    gradient_accumulation_steps: PositiveInt = 1
-    max_prompt_length: PositiveInt = 512
-    max_completion_length: PositiveInt | None = 256
-    learning_rate: Annotated[float, Field(gt=0.0, le=1.0)] = 1e-6
+    num_generations: Annotated[Count, Field(ge=2)] = 8
+    per_device_batch_size: Count = 8
+    gradient_accumulation_steps: Count = 1
+    max_prompt_length: Tokens = 512
+    max_completion_length: Tokens | None = 256
+    learning_rate: Annotated[Float, Field(gt=0.0, le=1.0)] = 1e-6
     lr_scheduler_type: Literal["constant", "linear", "cosine", "constant_with_warmup"] = "constant"
-    warmup_steps: Annotated[int, Field(ge=0)] = 0
+    warmup_steps: Steps = 0
     beta: NonNegFloat = 0.0
-    epsilon_low: Annotated[float, Field(gt=0.0, lt=1.0)] = 0.2
-    epsilon_high: Annotated[float, Field(gt=0.0)] = 0.2
+    epsilon_low: Annotated[Float, Field(gt=0.0, lt=1.0)] = 0.2
+    epsilon_high: Annotated[Float, Field(gt=0.0)] = 0.2
     loss_type: Literal["grpo", "bnpo", "dr_grpo", "dapo"] = "dapo"
     importance_sampling_level: Literal["token", "sequence"] = "token"
     scale_rewards: Literal["group", "batch", "none"] = "group"
-    temperature: Annotated[float, Field(gt=0.0)] = 1.0
-    top_p: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
-    max_steps: PositiveInt = 100
-    num_iterations: PositiveInt = 1
-    seed: int = 42
+    temperature: Annotated[Float, Field(gt=0.0, le=MAX_TEMPERATURE)] = 1.0
+    top_p: Annotated[Float, Field(gt=0.0, le=1.0)] = 1.0
+    max_steps: Annotated[Steps, Field(ge=1)] = 100
+    # Passes over each generation batch; GRPO recipes use 1-4, and each pass costs a whole step.
+    num_iterations: Annotated[PositiveInt, Field(le=1024)] = 1
+    seed: Annotated[Int, Field(ge=0, lt=SEED_LIMIT)] = 42
     gradient_checkpointing: bool = False
-    max_grad_norm: Annotated[float, Field(gt=0.0)] = 1.0
-    generation_sub_batch: PositiveInt | None = Field(
+    max_grad_norm: Annotated[Float, Field(gt=0.0)] = 1.0
+    generation_sub_batch: Count | None = Field(
         None,
         description="Completions generated at a time per device (default: all at once). Bounds the KV cache, "
         "often the step's peak; generation gets slower",
@@ -106,7 +214,7 @@ class GrpoSection(_Section):
         description="generate (TRL's model.generate) | static (transformers' static cache, compiled) | graph "
         "(static cache + CUDA-graph decode step) | auto (graph on CUDA where it can run, else generate)",
     )
-    scoring_sub_batch: PositiveInt | None = Field(
+    scoring_sub_batch: Count | None = Field(
         None,
         description="Sequences per scoring forward (default: per_device_batch_size); bounds scoring's peak at "
         "little cost",
@@ -126,45 +234,51 @@ class LossSection(_Section):
         "chunked", description="chunked (our Triton kernel) | naive (full logits) | trl (TRL's fused head)"
     )
     baseline: Literal["naive", "trl"] = Field("naive", description="What the live toggle switches to from chunked")
-    chunk_tokens: PositiveInt | None = Field(None, description="Tokens per kernel chunk; default picks by vocab size")
+    chunk_tokens: Tokens | None = Field(None, description="Tokens per kernel chunk; default picks by vocab size")
     lean: bool = Field(False, description="Accumulate the lm_head gradient in the weight's dtype (less memory)")
 
 
 class PeftSection(_Section):
     enabled: bool = False
-    r: PositiveInt = 16
-    alpha: Annotated[float, Field(gt=0.0)] = 32.0
-    dropout: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.05
-    target_modules: list[str] = Field(
+    r: Annotated[PositiveInt, Field(le=MAX_LORA_RANK)] = 16
+    alpha: Annotated[Float, Field(gt=0.0)] = 32.0
+    dropout: Annotated[Float, Field(ge=0.0, lt=1.0)] = 0.05
+    # Module names (an empty list with enabled = true is refused by the checks); 1,024 names is more
+    # than a model has module kinds.
+    target_modules: Annotated[list[Annotated[Line, Field(min_length=1)]], Field(max_length=1024)] = Field(
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     )
 
 
 class DistributedSection(_Section):
     use_cpu: bool = Field(False, description="Train on the CPU (gloo between processes)")
-    num_processes: PositiveInt = 1
+    num_processes: Annotated[PositiveInt, Field(le=MAX_PROCESSES)] = 1
     fsdp: bool = False
     fsdp_version: Literal[1, 2] = 2
     mixed_precision: Literal["no", "bf16", "fp16"] = "no"
-    num_machines: PositiveInt = 1
-    machine_rank: Annotated[int, Field(ge=0)] = 0
-    main_process_ip: str | None = None
-    main_process_port: Annotated[int, Field(ge=1, le=65535)] = 29500
+    num_machines: Annotated[PositiveInt, Field(le=MAX_PROCESSES)] = 1
+    machine_rank: Annotated[Int, Field(ge=0, lt=MAX_PROCESSES)] = 0
+    # A host name or address: 253 characters is DNS's limit.
+    main_process_ip: Annotated[Line, Field(min_length=1, max_length=253)] | None = None
+    main_process_port: Annotated[Int, Field(ge=1, le=65535)] = 29500
 
 
 class LoggingSection(_Section):
-    runs_dir: str = "runs"
-    logging_steps: PositiveInt = 1
-    save_steps: Annotated[int, Field(ge=0)] = Field(0, description="Checkpoint every N steps; 0 = only on request")
-    report_to: list[Literal["none", "tensorboard", "wandb", "trackio"]] = Field(default_factory=lambda: ["none"])
-    completions_per_step: Annotated[int, Field(ge=0)] = Field(
+    runs_dir: PathText = "runs"
+    logging_steps: Annotated[Steps, Field(ge=1)] = 1
+    save_steps: Steps = Field(0, description="Checkpoint every N steps; 0 = only on request")
+    report_to: Annotated[list[Literal["none", "tensorboard", "wandb", "trackio"]], Field(max_length=4)] = Field(
+        default_factory=lambda: ["none"]
+    )
+    completions_per_step: Annotated[Int, Field(ge=0, le=MAX_BATCH)] = Field(
         16, description="Completions kept per step in completions.jsonl (0 = none)"
     )
 
 
 class Preset(_Section):
     name: str = "unnamed"
-    description: str = ""
+    # One paragraph: it is shown on one line of `presets list` and the app's preset table.
+    description: Annotated[Prose, Field(max_length=2_000)] = ""
     model: ModelSection = Field(default_factory=ModelSection)
     data: DataSection = Field(default_factory=DataSection)
     rewards: RewardsSection = Field(default_factory=RewardsSection)
@@ -186,7 +300,7 @@ def format_errors(error: ValidationError, source: str = "") -> list[str]:
     """One line per problem: `source: dotted.path: got VALUE; allowed: ...`."""
     lines = []
     for item in error.errors():
-        path = ".".join(str(part) for part in item["loc"]) or "(top level)"
+        path = clip(".".join(str(part) for part in item["loc"])) or "(top level)"
         kind = item["type"]
         if kind == "extra_forbidden":
             detail = "unknown key; allowed keys: " + ", ".join(sorted(model_at(item["loc"][:-1]).model_fields))
@@ -194,8 +308,8 @@ def format_errors(error: ValidationError, source: str = "") -> list[str]:
             detail = "missing required value"
         else:
             message = item["msg"].removeprefix("Value error, ")
-            detail = f"got {item.get('input')!r}; {message}"
-        lines.append(f"{source + ': ' if source else ''}{path}: {detail}")
+            detail = f"got {shorten(item.get('input'))}; {clip(message, 4 * ECHO_LIMIT)}"
+        lines.append(f"{clip(source) + ': ' if source else ''}{path}: {detail}")
     return lines
 
 

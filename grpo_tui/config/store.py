@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from grpo_tui.config.overrides import apply_overrides
-from grpo_tui.config.schema import PRESET_NAME_RE, Preset, PresetError, validate_data
+from grpo_tui.config.schema import PRESET_NAME_RE, Preset, PresetError, clip, name_from_stem, shorten, validate_data
 
 USER_DIR_ENV = "GRPO_TUI_PRESETS_DIR"
 # Package data (the repository's top-level presets/ folder), so a wheel install has them too.
@@ -73,38 +73,62 @@ def find_preset(name: str) -> PresetEntry:
     close = difflib.get_close_matches(name, names, n=1)
     hint = f"did you mean {close[0]}? " if close else ""
     known = ", ".join(names) or "(none)"
-    raise PresetError([f"{name}: unknown preset; {hint}known presets: {known} (or give a path to a .toml file)"])
+    raise PresetError([f"{clip(name)}: unknown preset; {hint}known presets: {known} (or give a path to a .toml file)"])
 
 
 def resolve_preset_path(arg: str) -> Path:
     """Path of the preset named or pointed to by `arg` (a name from `presets list` or a .toml path)."""
     if is_path_like(arg):
         path = Path(arg).expanduser()
-        if not path.is_file():
-            raise PresetError([f"{arg}: no such preset file"])
+        try:
+            found = path.is_file()
+        except OSError as exc:  # a name too long for the file system (ENAMETOOLONG), a folder we may not enter
+            raise PresetError([f"{clip(arg)}: cannot read: {exc.strerror}"]) from None
+        if not found:
+            raise PresetError([f"{clip(arg)}: no such preset file"])
         return path.resolve()
     return find_preset(arg).path
 
 
 def read_toml(path: Path) -> dict[str, Any]:
-    """Parse a TOML file; syntax errors become one line with the line and column."""
+    """Parse a TOML file; syntax errors become one line with the line and column.
+
+    A leading UTF-8 byte order mark (Windows editors write one) is skipped.
+    """
+    source = clip(str(path))
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        text = Path(path).read_text(encoding="utf-8-sig")
     except FileNotFoundError:
-        raise PresetError([f"{path}: no such file"]) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise PresetError([f"{path}: cannot read: {exc}"]) from None
+        raise PresetError([f"{source}: no such file"]) from None
+    except OSError as exc:
+        raise PresetError([f"{source}: cannot read: {exc.strerror}"]) from None
+    except UnicodeDecodeError as exc:
+        raise PresetError(
+            [f"{source}: not UTF-8 text (byte {exc.start}: {exc.reason}); save the file as UTF-8"]
+        ) from None
+    return parse_toml(text, source)
+
+
+def parse_toml(text: str, source: str) -> dict[str, Any]:
+    """`tomllib.loads`, with each way hostile text can make it fail turned into one line for `source`."""
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         # tomllib's message already ends with "(at line L, column C)".
-        raise PresetError([f"{path}: TOML syntax error: {exc}"]) from None
+        raise PresetError([f"{source}: TOML syntax error: {clip(str(exc), 160)}"]) from None
+    except RecursionError:
+        raise PresetError([f"{source}: arrays or tables nested too deeply to read"]) from None
+    except ValueError as exc:  # an integer past Python's int-str digit limit (4,300 digits)
+        raise PresetError([f"{source}: value out of range: {clip(str(exc), 160)}"]) from None
 
 
 def load_preset_file(path: Path) -> Preset:
-    """Read and validate one preset file. A file without `name` is named after its stem."""
+    """Read and validate one preset file. A file without `name` is named after its stem.
+
+    The stem is made a valid name first ("my preset.toml" is called my-preset): the file is valid.
+    """
     data = read_toml(path)
-    data.setdefault("name", Path(path).stem)
+    data.setdefault("name", name_from_stem(Path(path).stem))
     return validate_data(data, str(path))
 
 
@@ -145,7 +169,7 @@ def save_user_preset(preset: Preset, name: str | None = None, overwrite: bool = 
     `overwrite` replaces a user preset of that name."""
     name = name or preset.name
     if not PRESET_NAME_RE.match(name):
-        raise PresetError([f"name: got {name!r}; letters, digits, '.', '_' or '-' (at most 64)"])
+        raise PresetError([f"name: got {shorten(name)}; letters, digits, '.', '_' or '-' (at most 64)"])
     folder = user_presets_dir()
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{name}.toml"

@@ -29,7 +29,7 @@ from typing import Any, TextIO
 
 from grpo_tui.config.checks import check_preset
 from grpo_tui.config.overrides import apply_overrides
-from grpo_tui.config.schema import Preset, PresetError
+from grpo_tui.config.schema import Preset, PresetError, clip
 from grpo_tui.config.store import dump_preset
 from grpo_tui.launch.command import build_launch_command, launch_env, per_node_commands, write_accelerate_config
 from grpo_tui.launch.process_group import group_members, process_identity, run_group, terminate_group
@@ -51,7 +51,8 @@ def prepare_run(
 ) -> RunDir:
     """Create runs/<timestamp>-<preset>/ with config.toml, accelerate.yaml, command.json and run.json.
 
-    Raises PresetError (one line per problem) for bad overrides or failed cross-field checks.
+    Raises PresetError (one line per problem) for bad overrides, failed cross-field checks or a runs
+    folder that cannot be written; then no run folder is left behind.
     """
     preset = apply_overrides(preset, overrides or [])
     preset = _absolute_paths(preset, runs_dir)
@@ -59,18 +60,31 @@ def prepare_run(
         result = check_preset(preset)
         if result.errors:
             raise PresetError(result.errors)
-    run = RunDir.create(Path(preset.logging.runs_dir), preset.name)
-    write_private_text(run.config, dump_preset(preset))
-    write_accelerate_config(preset, run.accelerate_config)
-    command: dict[str, Any] = {
-        "argv": build_launch_command(preset, run.path),
-        "env": launch_env(preset),
-        "cwd": os.getcwd(),
-    }
-    if preset.distributed.num_machines > 1:
-        command["per_node"] = per_node_commands(preset, run.path)
-    write_private_text(run.command, json.dumps(command, indent=1) + "\n")
-    run.update_status(preset=preset.name, status=RunStatus.STARTING, created=time.time())
+    # Encoded before the folder exists: text that cannot be written refuses the start, leaving nothing.
+    config = dump_preset(preset)
+    config.encode("utf-8")
+    where = clip(preset.logging.runs_dir)
+    try:
+        run = RunDir.create(Path(preset.logging.runs_dir), preset.name)
+    except OSError as exc:
+        raise PresetError([f"logging.runs_dir: cannot create a run folder in {where}: {exc.strerror}"]) from None
+    try:
+        write_private_text(run.config, config)
+        write_accelerate_config(preset, run.accelerate_config)
+        command: dict[str, Any] = {
+            "argv": build_launch_command(preset, run.path),
+            "env": launch_env(preset),
+            "cwd": os.getcwd(),
+        }
+        if preset.distributed.num_machines > 1:
+            command["per_node"] = per_node_commands(preset, run.path)
+        write_private_text(run.command, json.dumps(command, indent=1) + "\n")
+        run.update_status(preset=preset.name, status=RunStatus.STARTING, created=time.time())
+    except BaseException as exc:
+        shutil.rmtree(run.path, ignore_errors=True)  # a half-written folder would list as a run that never starts
+        if isinstance(exc, OSError):
+            raise PresetError([f"logging.runs_dir: cannot write the run folder in {where}: {exc.strerror}"]) from None
+        raise
     return run
 
 

@@ -11,6 +11,10 @@ Every row gets a `prompt` column: `data.prompt_template` formatted with the row'
 
 from __future__ import annotations
 
+import json
+import re
+import string
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +23,17 @@ ADDITION_DIGITS = 2
 # Enough distinct problems that a few hundred steps rarely repeat one (there are 8100 2-digit pairs).
 ADDITION_ROWS = 4096
 LOCAL_SUFFIXES = (".jsonl", ".json", ".parquet")
+# A row like each source whose columns are known without loading it: templates are tried on it when a
+# preset is validated, not 15-30 s into a run.
+KNOWN_ROWS: dict[str, dict[str, str]] = {
+    BUILTIN_ADDITION: {"question": "12+34=", "answer": "46"},
+    "openai/gsm8k": {"question": "Tom has 3 apples and buys 4. How many?", "answer": "3 + 4 = 7\n#### 7"},
+}
+# Widest width or precision a template field may ask for ({question:>40}): every prompt is padded to
+# it, and a width of 10**21 is an allocation that never ends.
+MAX_FORMAT_WIDTH = 1_000
+# Bytes read to find a local file's first record: a first line longer than this is not checked.
+FIRST_LINE_BYTES = 1 << 20
 
 
 class DataError(ValueError):
@@ -68,6 +83,64 @@ def load_rows(source: str, split: str = "train"):  # -> datasets.Dataset
         raise DataError(f"data.source: cannot load {source!r} split {split!r}: {type(exc).__name__}: {exc}") from exc
 
 
+def first_row(source: str) -> Mapping[str, Any] | None:
+    """The first record of `source` when it is cheap to know (built-ins, gsm8k, local files), else None.
+
+    A local file that cannot be read, or whose first record is not a JSON object, gives None: whether
+    it exists is checked elsewhere, and the json loader also reads layouts other than JSON lines.
+    """
+    if source in KNOWN_ROWS:
+        return KNOWN_ROWS[source]
+    path = Path(source).expanduser()
+    try:
+        if path.suffix in (".jsonl", ".json") and path.is_file():
+            with open(path, encoding="utf-8-sig") as handle:
+                line = ""
+                while not line.strip():
+                    line = handle.readline(FIRST_LINE_BYTES)
+                    if not line:
+                        return None
+            row = json.loads(line)
+            return row if isinstance(row, dict) else None
+        if path.suffix == ".parquet" and path.is_file():
+            import pyarrow.parquet as pq  # only for parquet sources: pyarrow is slow to import
+
+            batch = next(pq.ParquetFile(path).iter_batches(batch_size=1), None)
+            return batch.to_pylist()[0] if batch is not None and batch.num_rows else None
+    except Exception:  # unreadable, not JSON, hostile nesting, or pyarrow's errors for a file that is not parquet
+        return None
+    return None
+
+
+def template_problem(template: str, row: Mapping[str, Any] | None, echo: Callable[[Any], str] = repr) -> str | None:
+    """Why `template` cannot render `row` (None when it can); without a row only its form is checked.
+
+    Fields are plain column names (`{question}`, `{answer:>8}`): no positions, attributes or indexes,
+    which would reach into values (`{question.__class__}`). `echo` writes user text into the message.
+    """
+    try:
+        parts = list(string.Formatter().parse(template))
+    except ValueError as exc:
+        return f"not a valid format string ({exc}); write a literal {{ or }} as {{{{ or }}}}"
+    fields = [(field, spec or "") for _, field, spec, _ in parts if field is not None]
+    for field, spec in fields:
+        if not field.isidentifier():
+            return f"field {echo(field)} is not a column name; use {{column}} (no positions, attributes or indexes)"
+        if row is not None and field not in row:
+            columns = ", ".join(sorted(str(c) for c in row))
+            return f"refers to {echo(field)} which is not a column; columns: {columns}"
+        if "{" in spec:
+            return f"field {echo(field)}: a {{...}} inside a format spec is not supported"
+        if any(len(n) > 4 or int(n) > MAX_FORMAT_WIDTH for n in re.findall(r"\d+", spec)):
+            return f"field {echo(field)}: widths and precisions up to {MAX_FORMAT_WIDTH}"
+    values = dict(row) if row is not None else {field: "" for field, _ in fields}
+    try:
+        template.format(**values)
+    except Exception as exc:  # a format spec the column's value does not take ({answer:d} on text)
+        return f"cannot render the data's first row: {type(exc).__name__}: {echo(str(exc))}"
+    return None
+
+
 def build_prompt_dataset(data_section: Any, tokenizer: Any = None, max_prompt_length: int | None = None):
     """Rows of `data_section.source` with a `prompt` column rendered from the template.
 
@@ -80,12 +153,9 @@ def build_prompt_dataset(data_section: Any, tokenizer: Any = None, max_prompt_le
         rows = rows.select(range(min(data_section.max_samples, len(rows))))
     template = data_section.prompt_template
     columns = set(rows.column_names)
-    try:
-        template.format(**{c: "" for c in columns})
-    except (KeyError, IndexError) as exc:
-        raise DataError(
-            f"data.prompt_template: refers to {exc} which is not a column; columns: {', '.join(sorted(columns))}"
-        ) from None
+    problem = template_problem(template, rows[0] if len(rows) else dict.fromkeys(columns, ""))
+    if problem:
+        raise DataError(f"data.prompt_template: {problem}")
     chat = tokenizer is not None and getattr(tokenizer, "chat_template", None) and data_section.system_prompt
 
     def render(row: dict[str, Any]) -> dict[str, Any]:

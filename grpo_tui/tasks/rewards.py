@@ -8,8 +8,11 @@ messages for chat prompts; both are accepted. No torch here: listing rewards mus
 from __future__ import annotations
 
 import importlib
+import inspect
+import os
 import re
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Collection
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
@@ -123,24 +126,80 @@ REWARDS: dict[str, RewardFunc] = {
 }
 
 
+# The keywords TRL 1.16's GRPOTrainer passes to every reward function, besides the data's columns
+# (`reward_func(prompts=, completions=, completion_ids=, **columns, trainer_state=, log_extra=, log_metric=)`).
+TRL_REWARD_KWARGS: tuple[str, ...] = (
+    "prompts",
+    "completions",
+    "completion_ids",
+    "trainer_state",
+    "log_extra",
+    "log_metric",
+)
+# `package.module:function`, each part a Python identifier.
+REFERENCE_RE = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*:[A-Za-z_]\w*")
+
+
 class RewardError(ValueError):
     """A reward name that cannot be resolved (one user-facing line)."""
 
 
 def resolve_reward(name: str) -> RewardFunc:
-    """A registered reward by name, or the user's `module:function`."""
+    """A registered reward by name, or the user's `module:function` (imported: its top-level code runs).
+
+    The working folder is searched too, as `python -m` does: the `grpo-tui` console script's
+    sys.path starts with its own bin folder, so a reward module beside the user's files was not found.
+    The trainer runs in the folder `grpo-tui run` was started in, so both find the same module.
+    """
     if name in REWARDS:
         return REWARDS[name]
     if ":" not in name:
         raise RewardError(
             f"rewards.functions.name: unknown reward {name!r}; allowed: {', '.join(REWARDS)} or module:function"
         )
+    if not REFERENCE_RE.fullmatch(name):
+        raise RewardError(f"rewards.functions.name: got {name!r}; expected module:function (Python names)")
     module_name, _, attr = name.partition(":")
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.append(cwd)  # after installed packages: a local file must not shadow them
     try:
         module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise RewardError(f"rewards.functions.name: cannot import module {module_name!r} for {name!r}: {exc}") from None
+    except Exception as exc:  # the user's module may fail in any way on import
+        raise RewardError(
+            f"rewards.functions.name: cannot import module {module_name!r}: {type(exc).__name__}: {exc}"
+        ) from None
     func = getattr(module, attr, None)
     if not callable(func):
-        raise RewardError(f"rewards.functions.name: {module_name!r} has no function {attr!r}")
+        raise RewardError(f"rewards.functions.name: module {module_name!r} has no function {attr!r}")
     return func
+
+
+def signature_problem(func: Callable[..., Any], columns: Collection[str] | None = None) -> str | None:
+    """Why TRL cannot call `func` as a reward (None when it can).
+
+    TRL passes everything by keyword: `func` must take **kwargs or name each of TRL_REWARD_KWARGS (and
+    each column, when `columns` is known), and must need nothing else.
+    """
+    try:
+        params = inspect.signature(func).parameters.values()
+    except (TypeError, ValueError):  # some builtins have no signature to read: TRL will tell at run time
+        return None
+    names = {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    passed = {*TRL_REWARD_KWARGS, *(columns or ())}
+    for p in params:
+        required = p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+        # With the columns unknown, a required name that TRL does not pass may be a column.
+        never_passed = p.name not in passed and columns is not None
+        if required and (p.kind is p.POSITIONAL_ONLY or never_passed):
+            what = "positional-only" if p.kind is p.POSITIONAL_ONLY else "neither a column of the data nor"
+            return (
+                f"its parameter {p.name!r} is {what} one TRL passes; "
+                f"TRL calls f({', '.join(TRL_REWARD_KWARGS)}, **columns) by keyword"
+            )
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return None
+    missing = sorted(passed - names)
+    if missing:
+        return f"it takes no {', '.join(missing)}; add **kwargs (TRL passes {', '.join(TRL_REWARD_KWARGS)} and every column)"
+    return None
