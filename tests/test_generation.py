@@ -158,14 +158,16 @@ def test_cut_at_eos_keeps_the_first_eos() -> None:
     assert cut_at_eos(tokens, [1, 2]) == [[4, 1], [4, 5, 6, 7], [2]]
 
 
-def test_auto_is_generate_on_cpu_and_graph_on_cuda() -> None:
+def test_auto_is_generate_until_graph_passes_on_a_gpu() -> None:
+    # graph failed tests/gpu/test_generation_gpu.py on the H200 (2026-12-02): auto must not pick it yet
     assert choose_backend("auto", "cpu", []) == ("generate", None)
-    assert choose_backend("auto", "cuda", []) == ("graph", None)
+    assert choose_backend("auto", "cuda", []) == ("generate", None)
+    assert choose_backend("graph", "cuda", []) == ("graph", None)
     assert choose_backend("generate", "cuda", []) == ("generate", None)
     assert choose_backend("static", "cuda", []) == ("static", None)
     used, reason = choose_backend("graph", "cpu", [])
     assert used == "generate" and "CUDA" in reason
-    used, reason = choose_backend("auto", "cuda", ["FSDP reshards the parameters between forwards"])
+    used, reason = choose_backend("graph", "cuda", ["FSDP reshards the parameters between forwards"])
     assert used == "generate" and "FSDP" in reason
     with pytest.raises(ValueError, match="allowed: auto, generate, static, graph"):
         choose_backend("fast", "cuda", [])
@@ -235,11 +237,11 @@ def test_checks_note_where_graph_will_fall_back() -> None:
         assert result.ok
         return [n for n in result.notes if n.startswith("grpo.generation_backend")]
 
-    assert notes(grpo={"generation_backend": "graph"}) == []
-    assert "needs CUDA" in notes(grpo={"generation_backend": "graph"}, distributed={"use_cpu": True})[0]
-    assert "FSDP" in notes(grpo={"generation_backend": "graph"}, distributed={"fsdp": True})[0]
+    assert ["experimental" in n for n in notes(grpo={"generation_backend": "graph"})] == [True]
+    assert "needs CUDA" in notes(grpo={"generation_backend": "graph"}, distributed={"use_cpu": True})[1]
+    assert "FSDP" in notes(grpo={"generation_backend": "graph"}, distributed={"fsdp": True})[1]
     flash = {"attn_implementation": "flash_attention_2"}
-    assert "flash_attention_2" in notes(grpo={"generation_backend": "graph"}, model=flash)[0]
+    assert "flash_attention_2" in notes(grpo={"generation_backend": "graph"}, model=flash)[1]
     assert notes(grpo={"generation_backend": "auto"}, distributed={"fsdp": True}) == []
 
 

@@ -212,7 +212,7 @@ class GrpoSection(_Section):
     generation_backend: GenerationBackend = Field(
         "auto",
         description="generate (TRL's model.generate) | static (transformers' static cache, compiled) | graph "
-        "(static cache + CUDA-graph decode step) | auto (graph on CUDA where it can run, else generate)",
+        "(static cache + CUDA-graph decode step; experimental, not yet passing on the GPU) | auto (generate)",
     )
     scoring_sub_batch: Count | None = Field(
         None,
