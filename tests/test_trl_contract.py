@@ -79,6 +79,8 @@ TRL_CONTRACT: dict[str, Coupling] = {
         "prompt", "completion", "rewards", "advantages", used_by="grpo_tui/train/session.py"
     ),
     "trl.GRPOTrainer._entropy_bonus_enabled": _attr(),  # chunked refuses it; naive keeps entropy's graph
+    # a vision-language model cannot use the graph decoder (it falls back to generate)
+    "trl.GRPOTrainer._is_vlm": _attr(used_by="grpo_tui/train/generation.py"),
     "trl.GRPOTrainer.current_gradient_accumulation_steps": _attr(  # set by Trainer's loop; the normalisers read it
         used_by=f"{TRAINER} and grpo_tui/tools/parity_check.py"
     ),
