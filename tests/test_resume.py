@@ -87,3 +87,47 @@ def test_latest_checkpoint_needs_the_trainer_state(tmp_path: Path) -> None:
             (folder / "trainer_state.json").write_text("{}")
     (run.checkpoints / "checkpoint-x").mkdir()
     assert run.latest_checkpoint() == run.checkpoints / "checkpoint-10"
+
+
+def _resume_cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, list[str]]:
+    from grpo_tui.cli import main
+
+    code = main(["resume", *argv])
+    return code, capsys.readouterr().err.splitlines()
+
+
+def test_resume_refusals_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+    import os
+
+    code, err = _resume_cli([str(tmp_path / "missing")], capsys)
+    assert code == 2 and len(err) == 1 and "no such run folder" in err[0]
+    code, err = _resume_cli([str(tmp_path)], capsys)
+    assert code == 2 and len(err) == 1 and "not a run folder" in err[0]
+    run = RunDir(tmp_path / "r")
+    run.path.mkdir()
+    run.update_status(status="stopped")
+    code, err = _resume_cli([str(run.path)], capsys)
+    assert code == 2 and len(err) == 1 and "no checkpoint to resume from" in err[0]
+    (run.checkpoints / "checkpoint-2").mkdir(parents=True)
+    (run.checkpoints / "checkpoint-2" / "trainer_state.json").write_text("{}")
+    run.update_status(status="running", pid=os.getpid())  # this test's process: alive
+    code, err = _resume_cli([str(run.path)], capsys)
+    assert code == 2 and len(err) == 1 and "stop it before resuming" in err[0]
+    run.update_status(status="finished", pid=None)
+    code, err = _resume_cli([str(run.path)], capsys)
+    assert code == 2 and len(err) == 1 and "the run finished" in err[0]
+
+    from grpo_tui.launch import resume
+
+    run.update_status(status="failed")
+    run.command.write_text(json.dumps({"argv": ["python", "-m", "grpo_tui.train", "--run-dir", str(run.path)]}))
+    run.request(stop=True)
+    started: list[Path] = []
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(resume, "run_foreground", lambda path, headless: started.append(path) or 0)
+        code, err = _resume_cli([str(run.path)], capsys)
+    assert code == 0 and err == [] and started == [run.path]
+    assert json.loads(run.command.read_text())["argv"][-1] == "--resume"
+    assert run.read_status()["status"] == "starting" and run.read_status()["resumed_from"].endswith("checkpoint-2")
+    assert json.loads(run.control.read_text())["stop"] is False  # the old stop request would end it at once
