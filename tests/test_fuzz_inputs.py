@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import io
+import json
 import tempfile
 import tomllib
 from collections.abc import Iterator
@@ -194,3 +195,33 @@ set_values = st.one_of(
 def test_fuzz_set_values_through_show(key: str, value: str) -> None:
     code, out, err = run_cli(["presets", "show", "tiny-cpu", f"--set={key}={value}"])  # = form: "-x" is no option
     assert_refusal_lines(code, out, err, "--set: ")
+
+
+# Cases of hostile run folders handed to `grpo-tui resume` (a few seconds).
+RESUME_CASES = 150
+run_files = st.one_of(
+    values.map(lambda v: set_text(v).encode("utf-8", "surrogatepass")),
+    st.binary(max_size=64),
+    st.fixed_dictionaries({"argv": st.lists(st.text(max_size=8), max_size=3)}).map(lambda d: set_text(d).encode()),
+)
+
+
+@settings(max_examples=RESUME_CASES, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+@given(
+    files=st.dictionaries(st.sampled_from(["run.json", "command.json", "control.json", "metrics.jsonl"]), run_files),
+    checkpoint=st.booleans(),
+)
+def test_fuzz_run_folders_through_resume(_isolated: Path, files: dict[str, bytes], checkpoint: bool) -> None:
+    from grpo_tui.launch import resume
+
+    with tempfile.TemporaryDirectory(dir=_isolated) as folder, pytest.MonkeyPatch.context() as patch:
+        patch.setattr(resume, "run_foreground", lambda *a, **k: 0)  # never start a trainer
+        for name, raw in files.items():
+            (Path(folder) / name).write_bytes(raw)
+        if checkpoint:
+            (Path(folder) / "checkpoints" / "checkpoint-3").mkdir(parents=True)
+            (Path(folder) / "checkpoints" / "checkpoint-3" / "trainer_state.json").write_text("{}")
+        code, out, err = run_cli(["resume", folder])
+        assert_refusal_lines(code, out, err, clip(folder))
+        if code == 0:
+            assert "--resume" in json.loads((Path(folder) / "command.json").read_text())["argv"]

@@ -113,7 +113,8 @@ def test_stop_request_ends_cleanly(tiny_model_path: Path, tmp_path: Path) -> Non
     assert code == 0
     assert [r["step"] for r in steps] == [1]
     names = [e["event"] for e in events]
-    assert names == ["start", "stop_requested", "finish"]
+    assert names == ["start", "stop_requested", "checkpoint", "finish"]  # a stop leaves a checkpoint to resume
+    assert run.latest_checkpoint() == run.checkpoints / "checkpoint-1"
     assert events[-1]["stopped"] is True
 
 

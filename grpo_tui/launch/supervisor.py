@@ -110,6 +110,7 @@ class Supervisor:
         self.proc: subprocess.Popen[bytes] | None = None
         self.killed = False
         self._kill_lock = threading.Lock()
+        self._stream_offset = 0  # where this attempt's records start (a resumed run's stream has earlier ones)
 
     def start(self) -> None:
         command = read_json(self.run.command) or {}
@@ -124,6 +125,10 @@ class Supervisor:
         self.run.update_status(status=RunStatus.STARTING, pid=os.getpid(), pid_started=me, started=time.time())
         if self.killed:  # killed before it started: start nothing
             raise OSError("the run was killed before the trainer started")
+        try:
+            self._stream_offset = self.run.metrics.stat().st_size
+        except FileNotFoundError:
+            self._stream_offset = 0
         with open_private(self.run.stdout, "ab") as log:
             # Own session = own process group: a terminal's Ctrl-C reaches only us, and one killpg
             # reaches every rank accelerate starts.
@@ -144,7 +149,7 @@ class Supervisor:
     def wait(self) -> int:
         """Wait for the trainer; returns this command's exit code and writes the final status."""
         assert self.proc is not None, "start() first"
-        tail = MetricsTail(self.run.metrics)
+        tail = MetricsTail(self.run.metrics, offset=self._stream_offset)
         while True:
             try:
                 code = self.proc.wait(timeout=POLL_S)

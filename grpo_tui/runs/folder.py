@@ -9,6 +9,7 @@ runs/<YYYYmmdd-HHMMSS>-<preset>/
     completions.jsonl      sampled completions with rewards and advantages, bounded per step
     control.json           requests to the trainer (loss_impl switch, stop), written atomically
     run.json               pids, process group, state, exit code (written by the runner; status.judge reads it)
+    checkpoints/           checkpoint-<step>/ from the trainer (logging.save_steps, every stop); `resume` reads them
 
 Data flows one way (runner -> trainer -> files -> dashboard); the only way back is control.json.
 The folder is created 0700 and every file in it 0600 (prompts and completions are the user's data);
@@ -142,6 +143,23 @@ class RunDir:
     @property
     def status(self) -> Path:
         return self.path / "run.json"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.path / "checkpoints"
+
+    def latest_checkpoint(self) -> Path | None:
+        """The newest complete checkpoint-<step>/ (one with the trainer state, written last), or None."""
+        found = []
+        try:
+            entries = list(self.checkpoints.iterdir())
+        except OSError:
+            return None
+        for entry in entries:
+            match = re.fullmatch(r"checkpoint-(\d+)", entry.name)
+            if match and (entry / "trainer_state.json").is_file():
+                found.append((int(match.group(1)), entry))
+        return max(found)[1] if found else None
 
     @property
     def is_run(self) -> bool:

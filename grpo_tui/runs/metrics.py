@@ -29,6 +29,9 @@ plus every metric TRL logs under TRL's own name (e.g. `rewards/<func>/mean`, `fr
 Event records have an `event` key: start, finish, error, oom, loss_impl_switch, control_error, stop_requested,
 generation_fallback (requested, used, reason: grpo.generation_backend could not run).
 supervisor_lost (the trainer found its supervisor gone and stopped itself; `message` says so).
+checkpoint (step, path: a checkpoint was saved). resume (from_step, checkpoint: `grpo-tui resume` continued
+the run from that checkpoint; it follows the new start event, and the events before it belong to the
+earlier attempt: a run's status is read from the events after its last resume).
 
 Readers skip a truncated last line (a writer may be mid-line) and lines from a newer schema they
 cannot parse are still returned as dicts: unknown keys are ignored, never fatal. Lines that are not
@@ -69,6 +72,7 @@ EVENTS = frozenset(
         "stop_requested",
         "supervisor_lost",
         "checkpoint",
+        "resume",
         "generation_fallback",
     }
 )

@@ -140,8 +140,12 @@ def stream_verdict(records: Iterable[dict[str, Any]]) -> StatusVerdict:
 
 def stream_status(events: Iterable[tuple[str, dict[str, Any]]]) -> RunStatus:
     """From (kind, fields) of a run's events: failed (error / oom), stopped (a finish after a stop
-    request or a lost supervisor, or saying stopped), finished, or running (no end yet)."""
+    request or a lost supervisor, or saying stopped), finished, or running (no end yet). Only the events
+    after the last resume count: the earlier attempt's end is not the resumed run's."""
     events = list(events)
+    resumed = [i for i, (kind, _) in enumerate(events) if kind == "resume"]
+    if resumed:
+        events = events[resumed[-1] + 1 :]
     kinds = {kind for kind, _ in events}
     if kinds & {"error", "oom"}:
         return RunStatus.FAILED

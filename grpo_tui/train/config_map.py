@@ -18,7 +18,7 @@ def grpo_config(preset: Preset, run: RunDir) -> Any:
     g, log = preset.grpo, preset.logging
     dtype = preset.model.dtype
     return GRPOConfig(
-        output_dir=str(run.path / "checkpoints"),
+        output_dir=str(run.checkpoints),
         per_device_train_batch_size=g.per_device_batch_size,
         gradient_accumulation_steps=g.gradient_accumulation_steps,
         num_generations=g.num_generations,

@@ -26,6 +26,7 @@ def main(argv: list[str] | None = None, hard_exit: bool = False) -> int:
     """Train one run folder; `hard_exit` (the command line) leaves a distributed run without interpreter teardown."""
     parser = argparse.ArgumentParser(prog="python -m grpo_tui.train", description=__doc__.splitlines()[0])
     parser.add_argument("--run-dir", required=True, type=Path)
+    parser.add_argument("--resume", action="store_true", help="continue from the run's newest checkpoint")
     args = parser.parse_args(argv)
     run = RunDir(args.run_dir.resolve())
     from accelerate import PartialState
@@ -35,7 +36,7 @@ def main(argv: list[str] | None = None, hard_exit: bool = False) -> int:
     session, code = None, EXIT_ERROR
     try:
         preset = run.load_preset()
-        session = TrainingSession(preset, run, writer, state)
+        session = TrainingSession(preset, run, writer, state, resume=args.resume)
         session.run()
         code = EXIT_OK
     except Exception as exc:  # every failure becomes one line for the runner

@@ -11,6 +11,10 @@ Only the main process writes RUN/metrics.jsonl and RUN/completions.jsonl:
               "last step record" and "last switch event" never sees the implementation flip back;
     supervisor_lost  when rank 0 finds the supervisor that started the run gone: every rank stops at that
               step boundary, as on a stop request (a run must not train on untracked and unstoppable);
+    checkpoint  when a checkpoint is saved (every logging.save_steps, and at every stop so it can be resumed);
+    resume    right after the start event of a resumed run (`--resume`: from the newest checkpoint, with
+              its model, optimizer, scheduler, RNG and step); steps up to the last one already in the
+              stream are recomputed from the checkpoint but not written again (no step appears twice);
     finish    when training ends (finished, or stopped on request or by a lost supervisor).
 SIGINT asks for a stop at the next step boundary, like `{"stop": true}`; a second SIGINT interrupts.
 """
@@ -24,7 +28,7 @@ from typing import Any
 
 from grpo_tui.config.schema import Preset
 from grpo_tui.runs.folder import RunDir, open_private
-from grpo_tui.runs.metrics import MetricsWriter
+from grpo_tui.runs.metrics import MetricsWriter, last_step
 from grpo_tui.train.assemble import build_trainer
 from grpo_tui.train.control import ControlDecision, ControlReader, SupervisorWatch
 
@@ -32,8 +36,13 @@ from grpo_tui.train.control import ControlDecision, ControlReader, SupervisorWat
 class TrainingSession:
     """One run: builds the trainer, writes the start/step/event records, acts on control requests."""
 
-    def __init__(self, preset: Preset, run: RunDir, writer: MetricsWriter | None, state: Any) -> None:
+    def __init__(
+        self, preset: Preset, run: RunDir, writer: MetricsWriter | None, state: Any, resume: bool = False
+    ) -> None:
         self.preset, self.run_dir, self.writer, self.state = preset, run, writer, state
+        self.resume = resume
+        # The last step the stream already holds: a resumed run does not write those steps again
+        self._recorded_up_to = (last_step(run.metrics) or 0) if resume else 0
         self.trainer: Any = None
         self.stop_reason: str | None = None
         self._sigint = False
@@ -67,6 +76,9 @@ class TrainingSession:
             "device": str(self.state.device),
         }
         ranks = gather_object([me]) if self.state.use_distributed else [me]
+        checkpoint = self.run_dir.latest_checkpoint() if self.resume else None
+        if self.resume and checkpoint is None:
+            raise ValueError(f"{self.run_dir.checkpoints}: no checkpoint to resume from")
         self._event(
             "start",
             preset=self.preset.name,
@@ -76,6 +88,9 @@ class TrainingSession:
             loss_impl=self.preset.loss.impl,
             max_steps=self.preset.grpo.max_steps,
         )
+        if checkpoint is not None:
+            from_step = int(checkpoint.name.removeprefix("checkpoint-"))
+            self._event("resume", from_step=from_step, checkpoint=str(checkpoint))
         previous = signal.signal(signal.SIGINT, self._on_sigint)
         try:
             self.trainer = build_trainer(
@@ -85,7 +100,7 @@ class TrainingSession:
                 on_step_logged=self._on_step_logged,
                 on_event=self._event,
             )
-            self.trainer.train()
+            self.trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint is not None else None)
         finally:
             signal.signal(signal.SIGINT, previous)
             if self._completions is not None:
@@ -108,6 +123,9 @@ class TrainingSession:
         if self.writer is None:
             self._pending.clear()  # only the main process writes events
             return
+        if trainer.state.global_step <= self._recorded_up_to:
+            self._flush_pending()
+            return  # recomputed after a resume from an earlier checkpoint; the stream has this step
         record = {"step": trainer.state.global_step, **logs, "loss_impl": trainer.impl_of_step}
         # TRL logs rewards only on steps that generate; with num_iterations > 1 a step trains on the previous
         # generation batch again, so its record repeats that batch's reward (every record has one).
@@ -176,8 +194,8 @@ class TrainingSession:
     def _stop(self, control: Any, reason: str) -> None:
         self.stop_reason = reason
         control.should_training_stop = True
-        if self.preset.logging.save_steps > 0:
-            control.should_save = True
+        # Every stop leaves a checkpoint, so `grpo-tui resume` can continue it (save_steps 0 included)
+        control.should_save = True
 
     def _flush_pending(self) -> None:
         for name, fields in self._pending:
@@ -205,5 +223,9 @@ def _step_boundary_callback(session: TrainingSession) -> Any:
         def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
             session.at_step_boundary(control)
             return control
+
+        def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            path = session.run_dir.checkpoints / f"checkpoint-{state.global_step}"
+            session._event("checkpoint", step=state.global_step, path=str(path))
 
     return StepBoundary()
