@@ -9,6 +9,7 @@ runs/<YYYYmmdd-HHMMSS>-<preset>/
     completions.jsonl      sampled completions with rewards and advantages, bounded per step
     control.json           requests to the trainer (loss_impl switch, stop), written atomically
     run.json               pids, process group, state, exit code (written by the runner; status.judge reads it)
+    heartbeat*.json        each rank's phase in progress, rewritten every few seconds (see heartbeat.py)
 
 Data flows one way (runner -> trainer -> files -> dashboard); the only way back is control.json.
 The folder is created 0700 and every file in it 0600 (prompts and completions are the user's data);
