@@ -141,13 +141,16 @@ def build_parser() -> argparse.ArgumentParser:
     runs.add_argument("--runs-dir", type=Path, default=Path("runs"), help="folder holding run folders (default: runs)")
     runs.set_defaults(handler=_cmd_runs)
 
-    control = sub.add_parser("control", help="switch the loss implementation or stop a running run")
+    control = sub.add_parser("control", help="switch the loss implementation, stop a run or dump its stacks")
     control.add_argument("run_dir", type=Path, help="the run folder")
     action = control.add_mutually_exclusive_group(required=True)
     from grpo_tui.config.schema import LOSS_IMPLS  # here, not at the top: `grpo-tui` must start fast
 
     action.add_argument("--loss-impl", choices=LOSS_IMPLS, help="switch at the next step")
     action.add_argument("--stop", action="store_true", help="stop at the next step boundary")
+    action.add_argument(
+        "--dump-stacks", action="store_true", help="every rank prints its Python stacks into stdout.log (a hang)"
+    )
     control.add_argument("--force", action="store_true", help="with --stop: kill the process group now")
     control.set_defaults(handler=_cmd_control)
 
@@ -364,6 +367,12 @@ def _cmd_control(args: argparse.Namespace) -> int:
     if args.force and not args.stop:
         print("--force goes with --stop", file=sys.stderr)
         return EXIT_USAGE
+    if args.dump_stacks:
+        from grpo_tui.launch.stacks import dump_stacks
+
+        asked = dump_stacks(run.path)
+        print(asked.message, file=sys.stdout if asked.pids else sys.stderr)
+        return 0 if asked.pids else 1
     state = judge(run.path).state
     if state in ENDED_STATES:
         print(f"{args.run_dir}: the run is {state}; nothing reads control requests any more", file=sys.stderr)

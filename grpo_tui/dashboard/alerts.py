@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from grpo_tui.dashboard.monitor import MonitorSnapshot
 from grpo_tui.dashboard.state import PEAK_MIB, RunState
 from grpo_tui.runs.failures import oom_message
+from grpo_tui.runs.heartbeat import HEARTBEAT_STALE_S, Heartbeat
 
 # frac_reward_zero_std at or above this counts as "no learning signal" for a step.
 ZERO_STD_FRAC = 0.9
@@ -42,7 +43,8 @@ ENTROPY_STEPS = 3
 # A stall: no new step for max(STALL_MIN_S, STALL_STEP_FACTOR x median step time) ...
 STALL_MIN_S = 60.0
 STALL_STEP_FACTOR = 5.0
-# ... while every readable GPU sits at or below this utilisation (%).
+# ... while every readable GPU sits at or below this utilisation (%); with heartbeats (which name the
+# phase) a busy GPU only lowers the alert to a warning: a hung collective keeps the GPU busy too.
 STALL_GPU_UTIL_PCT = 5.0
 # Memory creep: the per-step peak never falls for this many steps ...
 CREEP_STEPS = 20
@@ -209,7 +211,9 @@ def _series_alerts(state: RunState, window: int | None) -> list[Alert]:
     return out
 
 
-def _stall(state: RunState, snapshot: MonitorSnapshot | None, now: float | None) -> list[Alert]:
+def _stall(
+    state: RunState, snapshot: MonitorSnapshot | None, now: float | None, beats: Sequence[Heartbeat] = ()
+) -> list[Alert]:
     if state.status != "running" or state.last_time is None or not len(state):
         return []
     now = now if now is not None else (snapshot.time if snapshot is not None else time.time())
@@ -218,8 +222,14 @@ def _stall(state: RunState, snapshot: MonitorSnapshot | None, now: float | None)
     if idle <= limit:
         return []
     utils = [g.utilization_pct for g in snapshot.gpus if g.utilization_pct is not None] if snapshot else []
-    if utils and max(utils) > STALL_GPU_UTIL_PCT:
-        return []  # the GPU is busy: a slow step (e.g. a long generation), not a stall
+    busy = bool(utils) and max(utils) > STALL_GPU_UTIL_PCT
+    if busy and not beats:
+        return []  # the GPU is busy and nothing says where: a slow step (e.g. a long generation), not a stall
+    if beats:
+        # A hung collective keeps the GPU busy too: with the phase named, say it, as a warning while busy.
+        where = f"; {stuck_rank_text(beats, now)}" + (f" (GPU utilisation {max(utils):.0f}%)" if busy else "")
+        text = f"no step for {span(idle)} after step {state.last_step}{where} — press d for stacks, see the Log tab"
+        return [Alert(STALL, "warning" if busy else "error", state.last_step, text)]
     where = f" while GPU utilisation is {max(utils):.0f}%" if utils else ""
     return [
         Alert(
@@ -229,6 +239,31 @@ def _stall(state: RunState, snapshot: MonitorSnapshot | None, now: float | None)
             f"stalled: no new step for {idle:.0f} s after step {state.last_step}{where} — check stdout.log",
         )
     ]
+
+
+def stuck_rank_text(beats: Sequence[Heartbeat], now: float) -> str:
+    """The rank most likely holding the run up, from the heartbeats, as a clause of the stall alert.
+
+    A rank whose beat stopped is frozen (or gone): it comes first. Else a rank that is in a phase of its
+    own while the others wait for it in a collective; else the rank whose current phase began first.
+    """
+    stale = [b for b in beats if now - b.time > HEARTBEAT_STALE_S]
+    if stale:
+        beat = min(stale, key=lambda b: b.time)
+        return f"rank {beat.rank} stopped beating {span(now - beat.time)} ago, in {beat.phase} (frozen or gone)"
+    working = [b for b in beats if not b.waiting] or list(beats)
+    beat = min(working, key=lambda b: (b.phase_started, b.rank))
+    return f"rank {beat.rank} in {beat.phase} for {span(now - beat.phase_started)}"
+
+
+def span(seconds: float) -> str:
+    """A duration as the alert says it: 45s, 7m12s, 2h05m."""
+    s = max(0, int(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
 
 
 def _failed(state: RunState) -> list[Alert]:
@@ -248,6 +283,7 @@ def detect_alerts(
     *,
     window: int | None = ALERT_SCAN_STEPS,
     now: float | None = None,
+    heartbeats: Sequence[Heartbeat] = (),
 ) -> list[Alert]:
     """Alert episodes in the last `window` steps (None: the whole run), oldest first.
 
@@ -256,11 +292,12 @@ def detect_alerts(
         snapshot: The latest monitor sample (GPU utilisation for the stall check); None on no data.
         window: Steps scanned back from the newest.
         now: Wall-clock time for the stall check (default: the snapshot's time, else time.time()).
+        heartbeats: The ranks' latest beats (runs/heartbeat.py): a stall names the rank and phase it is in.
 
     A partial state (`load_recent`) gets only the stall and failure checks: the series checks wait
     for the full history, so an episode's onset (its identity in AlertLog) never changes under it.
     """
-    alerts = _stall(state, snapshot, now) + _failed(state)
+    alerts = _stall(state, snapshot, now, heartbeats) + _failed(state)
     if not state.partial:
         alerts += _series_alerts(state, window)
     return sorted(alerts, key=lambda a: (a.step, ALERT_KINDS.index(a.kind)))

@@ -22,6 +22,7 @@ from grpo_tui.dashboard.monitor import GpuHistory, MonitorSnapshot
 from grpo_tui.dashboard.state import PEAK_MIB, RunState, phase_series
 from grpo_tui.runs.completions import CompletionIndex, PromptGroup
 from grpo_tui.runs.folder import RunDir, read_json
+from grpo_tui.runs.heartbeat import HeartbeatReader
 from grpo_tui.runs.listing import read_config
 from grpo_tui.runs.metrics import PHASES, STEP_TIME_KEY, phase_time_key
 from grpo_tui.runs.status import LIVE_STATES, RunStatus, judge
@@ -121,11 +122,13 @@ class DashboardFeed:
     _completions: CompletionIndex | None = None
     _baseline: str = "naive"
     _alert_log: AlertLog = field(default_factory=AlertLog)
+    _heartbeats: HeartbeatReader | None = None
 
     def __post_init__(self) -> None:
         self.run = RunDir(Path(self.run_path))
         config = read_config(self.run.path)
         self._baseline = str(config.get("loss", {}).get("baseline", "naive"))
+        self._heartbeats = HeartbeatReader(self.run.path)
 
     def open(self) -> None:
         """The first read: every event but only the newest steps, so a 100,000-step run shows at
@@ -162,7 +165,13 @@ class DashboardFeed:
         snapshot = self.monitor.sample(pids) if self.monitor is not None else None
         if snapshot is not None:
             self._history.add(snapshot)
-        self._alert_log.update(detect_alerts(state, snapshot, now=now))
+        # A stat per rank and poll; a beat is parsed again only when its file changed.
+        beats = (
+            self._heartbeats.read(list(state.pid_rank.values()))
+            if self._heartbeats and state.status == "running"
+            else []
+        )
+        self._alert_log.update(detect_alerts(state, snapshot, now=now, heartbeats=beats))
         key = (len(state), len(state.events))  # new steps, or a switch marker to draw
         if key != self._chart_key:
             self._charts = build_charts(state)

@@ -10,6 +10,7 @@ runs/<YYYYmmdd-HHMMSS>-<preset>/
     control.json           requests to the trainer (loss_impl switch, stop), written atomically
     run.json               pids, process group, state, exit code (written by the runner; status.judge reads it)
     checkpoints/           checkpoint-<step>/ from the trainer (logging.save_steps, every stop); `resume` reads them
+    heartbeat*.json        each rank's phase in progress, rewritten every few seconds (see heartbeat.py)
 
 Data flows one way (runner -> trainer -> files -> dashboard); the only way back is control.json.
 The folder is created 0700 and every file in it 0600 (prompts and completions are the user's data);

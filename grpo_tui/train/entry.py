@@ -17,6 +17,7 @@ from typing import Any
 
 from grpo_tui.runs.folder import RunDir
 from grpo_tui.runs.metrics import MetricsWriter
+from grpo_tui.train.heartbeat import enable_stack_dumps
 from grpo_tui.train.session import TrainingSession
 
 EXIT_OK, EXIT_ERROR, EXIT_CONFIG, EXIT_OOM = 0, 1, 2, 3
@@ -28,6 +29,8 @@ def main(argv: list[str] | None = None, hard_exit: bool = False) -> int:
     parser.add_argument("--run-dir", required=True, type=Path)
     parser.add_argument("--resume", action="store_true", help="continue from the run's newest checkpoint")
     args = parser.parse_args(argv)
+    # Before the start event publishes this pid: SIGUSR1 unhandled would kill the rank it asks for stacks.
+    enable_stack_dumps()
     run = RunDir(args.run_dir.resolve())
     from accelerate import PartialState
 

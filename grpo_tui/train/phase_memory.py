@@ -117,6 +117,10 @@ class PhaseMemory:
         self.profiler = profiler
         self._clock = clock
         self._stack: list[str] = []
+        self._since: list[float] = []  # wall-clock start of each phase on the stack
+        # (innermost phase or None, wall-clock time since when): one tuple, so the heartbeat thread
+        # reads a consistent pair while this thread replaces it.
+        self.running: tuple[str | None, float] = (None, time.time())
         self._start_rss = 0.0
         self._mark = 0.0  # when the innermost phase's time was last charged
         self._span: list[float] = []  # [first phase start, last phase end] since the last take_times()
@@ -171,6 +175,8 @@ class PhaseMemory:
         now = self._now()
         self._close_current(now)
         self._stack.append(phase)
+        self._since.append(time.time())
+        self.running = (phase, self._since[-1])
         if not self._span:
             self._span = [now, now]
         self._restart(now)
@@ -181,8 +187,11 @@ class PhaseMemory:
         now = self._now()
         while self._stack:
             self._close_current(now)
+            self._since.pop()
             if self._stack.pop() == phase:
                 break
+        # The enclosing phase resumes: it has been running since it began, not since now.
+        self.running = (self._stack[-1], self._since[-1]) if self._stack else (None, time.time())
         self._restart(now)
         self._span[1] = now
         if phase == "optimizer" and not self._stack:  # the optimizer closes an optimizer step

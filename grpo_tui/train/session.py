@@ -24,13 +24,16 @@ from __future__ import annotations
 import json
 import os
 import signal
+from pathlib import Path
 from typing import Any
 
 from grpo_tui.config.schema import Preset
 from grpo_tui.runs.folder import RunDir, open_private
+from grpo_tui.runs.heartbeat import COLLECTIVE
 from grpo_tui.runs.metrics import MetricsWriter, last_step
 from grpo_tui.train.assemble import build_trainer
 from grpo_tui.train.control import ControlDecision, ControlReader, SupervisorWatch
+from grpo_tui.train.heartbeat import HeartbeatThread
 
 
 class TrainingSession:
@@ -52,6 +55,8 @@ class TrainingSession:
         self._supervisor = SupervisorWatch()
         # Events decided at a step boundary wait for that step's record (see the module docstring)
         self._pending: list[tuple[str, dict[str, Any]]] = []
+        # Every rank beats (runs/heartbeat.py): a hang names its rank and phase
+        self.heartbeat = HeartbeatThread(run.path, state.process_index, lambda: self.phases, lambda: self.step)
 
     @property
     def phases(self) -> Any:
@@ -75,10 +80,16 @@ class TrainingSession:
             "pid": os.getpid(),
             "device": str(self.state.device),
         }
-        ranks = gather_object([me]) if self.state.use_distributed else [me]
         checkpoint = self.run_dir.latest_checkpoint() if self.resume else None
         if self.resume and checkpoint is None:
             raise ValueError(f"{self.run_dir.checkpoints}: no checkpoint to resume from")
+        self.heartbeat.start()
+        try:
+            self._train(gather_object([me]) if self.state.use_distributed else [me], checkpoint)
+        finally:
+            self.heartbeat.stop()
+
+    def _train(self, ranks: list[dict[str, Any]], checkpoint: Path | None) -> None:
         self._event(
             "start",
             preset=self.preset.name,
@@ -119,7 +130,8 @@ class TrainingSession:
         from grpo_tui.train.phase_memory import merge_snapshots, merge_times
 
         mine = (trainer.phases.snapshot(trainer.phases.take_step()), trainer.phases.take_times())
-        per_rank = gather_object([mine]) if self.state.use_distributed else [mine]
+        with self.heartbeat.during(COLLECTIVE):
+            per_rank = gather_object([mine]) if self.state.use_distributed else [mine]
         if self.writer is None:
             self._pending.clear()  # only the main process writes events
             return
@@ -169,7 +181,8 @@ class TrainingSession:
         lost = self._supervisor.lost() if main and self.stop_reason is None else None
         sigint = self._sigint and self.stop_reason is None
         if self.state.use_distributed:
-            decision, sigint, lost = broadcast_object_list([decision, sigint, lost], from_process=0)
+            with self.heartbeat.during(COLLECTIVE):
+                decision, sigint, lost = broadcast_object_list([decision, sigint, lost], from_process=0)
         step = self.step
         if decision.error:
             self._pending.append(("control_error", {"step": step, "message": decision.error}))

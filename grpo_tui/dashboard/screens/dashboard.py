@@ -43,6 +43,8 @@ class DashboardScreen(Screen[None]):
     BINDINGS = [
         Binding("t", "toggle_impl", "Chunked ⇄ baseline", id="dashboard.toggle"),
         Binding("x", "stop", "Stop run", id="dashboard.stop"),
+        # Off the footer (it is full); the help screen and a stall alert name it.
+        Binding("d", "dump_stacks", "Dump every rank's stacks into the log", show=False, id="dashboard.stacks"),
         Binding("1", "tab('tab-charts')", "Charts", id="dashboard.tab.charts"),
         Binding("2", "tab('tab-completions')", "Completions", id="dashboard.tab.completions"),
         Binding("3", "tab('tab-alerts')", "Alerts", id="dashboard.tab.alerts"),
@@ -264,6 +266,16 @@ class DashboardScreen(Screen[None]):
     def _stop(self, force: bool) -> None:
         self._stop_requests += 1
         self.post_message(StopRequested(self.run_path, force))  # the app does it (it outlives this screen)
+
+    @work(thread=True, group="control")
+    def action_dump_stacks(self) -> None:
+        """SIGUSR1 to every rank (launch/stacks.py): each prints its threads' stacks into stdout.log."""
+        from grpo_tui.launch.stacks import dump_stacks
+
+        asked = dump_stacks(self.run_path)
+        severity = "information" if asked.pids else "warning"
+        hint = " — see the Log tab (4)" if asked.pids else ""
+        self.app.call_from_thread(self.notify, asked.message + hint, title="Stacks", severity=severity)
 
     @on(CompletionsBrowser.StepChosen)
     def _step_chosen(self, event: CompletionsBrowser.StepChosen) -> None:
