@@ -53,6 +53,7 @@ class DashboardScreen(Screen[None]):
         Binding("right_square_bracket", "step(1)", "step ▸", key_display="]", id="dashboard.step.next"),
         Binding("home", "step(-1000000000)", "First step", show=False, id="dashboard.step.first"),
         Binding("end", "step(1000000000)", "Newest step", show=False, id="dashboard.step.last"),
+        Binding("R", "resume", "Resume run", show=False, id="dashboard.resume"),
         Binding("escape", "leave", "Back", id="dashboard.back"),
     ]
 
@@ -266,6 +267,22 @@ class DashboardScreen(Screen[None]):
     def _stop(self, force: bool) -> None:
         self._stop_requests += 1
         self.post_message(StopRequested(self.run_path, force))  # the app does it (it outlives this screen)
+
+    @work(thread=True, group="control")
+    def action_resume(self) -> None:
+        """R: continue a stopped or failed run from its last checkpoint (as `grpo-tui resume RUN --detach`)."""
+        from grpo_tui.config.schema import PresetError
+        from grpo_tui.launch import supervisor
+        from grpo_tui.launch.resume import prepare_resume
+
+        try:
+            run = prepare_resume(self.run_path)
+        except PresetError as exc:
+            self.app.call_from_thread(self.notify, exc.lines[0], title="Not resumed", severity="warning")
+            return
+        supervisor.spawn_detached(run.path)
+        message = f"{run.name} continues from its last checkpoint"
+        self.app.call_from_thread(self.notify, message, title="Resumed")
 
     @work(thread=True, group="control")
     def action_dump_stacks(self) -> None:
