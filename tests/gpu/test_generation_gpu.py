@@ -7,15 +7,16 @@ from pathlib import Path
 import pytest
 import torch
 
+# tests/ is on sys.path (its conftest.py, pytest's prepend import mode): the CPU test's fixtures and reference
+from test_generation import EOS, MAX_NEW, PAD, PROMPTS, reference
+from transformers import AutoModelForCausalLM
+
+from grpo_tui.train.generation import Sampling, StaticDecoder
+
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
 ]
-
-from transformers import AutoModelForCausalLM  # noqa: E402
-
-from grpo_tui.train.generation import Sampling, StaticDecoder  # noqa: E402
-from tests.test_generation import EOS, MAX_NEW, PAD, PROMPTS, reference  # noqa: E402
 
 # bf16 rounds the logits to 8 bits of mantissa: near-ties may flip later in a completion, and one flip shifts
 # everything after it, so bf16 compares the first tokens, where the two paths have the same inputs.
