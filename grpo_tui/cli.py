@@ -80,7 +80,8 @@ def user_error(exc: Exception, where: str) -> tuple[int, list[str]] | None:
 
     from pydantic import ValidationError  # imported late: pydantic is slow to load
 
-    from grpo_tui.config.schema import PresetError, clip, format_errors
+    from grpo_tui.config.schema import PresetError, format_errors
+    from grpo_tui.config.types import clip
 
     if isinstance(exc, PresetError):
         return EXIT_USAGE, exc.lines
@@ -249,28 +250,17 @@ def _start(preset_arg: str, overrides: list[str], headless: bool, detach: bool, 
 
 
 def _cmd_presets_list(args: argparse.Namespace) -> int:
-    from grpo_tui.config.store import BUILTIN_DIR, list_presets, user_presets_dir
+    from grpo_tui.config.store import BUILTIN_DIR, list_presets, preset_description, user_presets_dir
 
     entries = list_presets()
     width = max([len(e.name) for e in entries] + [4])
     print(f"{'NAME':<{width}}  {'ORIGIN':<8}  DESCRIPTION")
     for entry in entries:
-        description = _description(entry.path)
+        description = preset_description(entry.path)
         origin = entry.origin + (" (shadows the built-in)" if entry.shadows_builtin else "")
         print(f"{entry.name:<{width}}  {origin:<8}  {description}")
     print(f"\nbuilt-in: {BUILTIN_DIR}\nuser:     {user_presets_dir()}")
     return 0
-
-
-def _description(path: Path) -> str:
-    from grpo_tui.config.schema import PresetError
-    from grpo_tui.config.store import read_toml
-
-    try:
-        value = read_toml(path).get("description", "")
-    except PresetError as exc:
-        return f"(unreadable: {exc.lines[0]})"
-    return str(value)
 
 
 def _cmd_presets_show(args: argparse.Namespace) -> int:
@@ -297,8 +287,9 @@ def _cmd_presets_show(args: argparse.Namespace) -> int:
 
 def _cmd_presets_validate(args: argparse.Namespace) -> int:
     from grpo_tui.config.checks import check_preset
-    from grpo_tui.config.schema import PresetError, clip
+    from grpo_tui.config.schema import PresetError
     from grpo_tui.config.store import load_preset
+    from grpo_tui.config.types import clip
 
     failed = False
     for arg in args.files:

@@ -12,7 +12,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from grpo_tui.config.schema import ECHO_LIMIT, Preset, clip, shorten
+from grpo_tui.config.schema import Preset
+from grpo_tui.config.types import ECHO_LIMIT, clip, shorten
 from grpo_tui.tasks.data import BUILTIN_ADDITION, LOCAL_SUFFIXES, first_row, template_problem
 from grpo_tui.tasks.rewards import REWARDS, RewardError, resolve_reward, signature_problem
 from grpo_tui.tasks.shapes import QWEN3_SHAPES

@@ -12,7 +12,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from grpo_tui.config.schema import Preset, PresetError, clip, field_model, shorten, validate_data
+from grpo_tui.config.schema import Preset, PresetError, field_model, validate_data
+from grpo_tui.config.types import clip, shorten
 
 SOURCE = "--set"
 

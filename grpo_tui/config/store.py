@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from grpo_tui.config.overrides import apply_overrides
-from grpo_tui.config.schema import PRESET_NAME_RE, Preset, PresetError, clip, name_from_stem, shorten, validate_data
+from grpo_tui.config.schema import PRESET_NAME_RE, Preset, PresetError, name_from_stem, validate_data
+from grpo_tui.config.types import clip, shorten
 
 USER_DIR_ENV = "GRPO_TUI_PRESETS_DIR"
 # Package data (the repository's top-level presets/ folder), so a wheel install has them too.
@@ -192,3 +193,12 @@ def delete_user_preset(name: str) -> Path:
         raise PresetError([f"{name}: {why}; user presets are in {user_presets_dir()}"])
     path.unlink()
     return path
+
+
+def preset_description(path: Path) -> str:
+    """A preset file's `description`, or why it cannot be read (for listings: never raises on content)."""
+    try:
+        value = read_toml(path).get("description", "")
+    except PresetError as exc:
+        return f"(unreadable: {exc.lines[0]})"
+    return str(value)

@@ -14,7 +14,8 @@ import json
 import time
 from pathlib import Path
 
-from grpo_tui.config.schema import PresetError, clip
+from grpo_tui.config.schema import PresetError
+from grpo_tui.config.types import clip
 from grpo_tui.launch.supervisor import run_foreground, spawn_detached
 from grpo_tui.runs.folder import RunDir, read_json, write_private_text
 from grpo_tui.runs.status import LIVE_STATES, RunStatus, judge, processes_alive

@@ -29,8 +29,9 @@ from typing import Any, TextIO
 
 from grpo_tui.config.checks import check_preset
 from grpo_tui.config.overrides import apply_overrides
-from grpo_tui.config.schema import Preset, PresetError, clip
+from grpo_tui.config.schema import Preset, PresetError
 from grpo_tui.config.store import dump_preset
+from grpo_tui.config.types import clip
 from grpo_tui.launch.command import build_launch_command, launch_env, per_node_commands, write_accelerate_config
 from grpo_tui.launch.process_group import group_members, process_identity, run_group, terminate_group
 from grpo_tui.launch.progress import ProgressPrinter
