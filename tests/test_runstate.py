@@ -15,14 +15,8 @@ import psutil
 import pytest
 
 from grpo_tui.dashboard.loading import load_recent, load_run
-from grpo_tui.dashboard.state import (
-    PEAK_MIB,
-    TOKENS_PER_S,
-    RunState,
-    downsample,
-    downsample_indices,
-    phase_series,
-)
+from grpo_tui.dashboard.series import downsample, downsample_indices
+from grpo_tui.dashboard.state import PEAK_MIB, TOKENS_PER_S, RunState, phase_series
 from grpo_tui.runs.listing import run_info, scan_runs
 from grpo_tui.runs.metrics import TAIL_BYTES, read_records
 from grpo_tui.tools.demo import LiveWriter, make_run, step_record

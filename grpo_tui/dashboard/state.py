@@ -23,8 +23,6 @@ from typing import Any, NamedTuple
 from grpo_tui.dashboard.series import (
     NAN,
     bucket_pair,
-    downsample,
-    downsample_indices,
     extract_columns,
     floats,
     memory_columns,
@@ -34,19 +32,6 @@ from grpo_tui.dashboard.series import (
 )
 from grpo_tui.runs.metrics import PHASES, MetricsTail, as_float, as_int
 from grpo_tui.runs.status import RunStatus, stream_status
-
-# Re-exported: the dashboard imports these from here.
-__all__ = [
-    "NAN",
-    "PEAK_MIB",
-    "TOKENS_PER_S",
-    "Progress",
-    "RunEvent",
-    "RunState",
-    "downsample",
-    "downsample_indices",
-    "phase_series",
-]
 
 # Step records' keys that are not metrics (never become series).
 NON_SERIES_KEYS = frozenset({"v", "step", "event", "loss_impl", "memory", "pid", "rank", "local_rank", "device"})

@@ -37,7 +37,7 @@ def prepare_resume(run_dir: Path | str) -> RunDir:
     if not run.is_run:
         raise PresetError([f"{shown}: not a run folder (no run.json or metrics.jsonl)"])
     meta = run.read_status()
-    state = judge(run.path).state
+    state = judge(run.path, meta=meta).state
     if state in LIVE_STATES or state is RunStatus.SUBMITTED or processes_alive(meta, run.metrics):
         raise PresetError([f"{shown}: the run is {state}; stop it before resuming (grpo-tui control RUN --stop)"])
     if state is RunStatus.FINISHED:

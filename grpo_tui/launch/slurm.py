@@ -129,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     from grpo_tui.config.schema import PresetError
     from grpo_tui.config.store import load_preset
     from grpo_tui.launch import supervisor
+    from grpo_tui.runs.folder import write_private_text
     from grpo_tui.runs.status import RunStatus
 
     args = build_parser().parse_args(argv)
@@ -149,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     run = supervisor.prepare_run(preset, [], args.runs_dir, check=False)
     script = run.path / "job.sbatch"
-    script.write_text(slurm_script(run.load_preset(), run.path, Path(os.getcwd()), options), encoding="utf-8")
+    write_private_text(script, slurm_script(run.load_preset(), run.path, Path(os.getcwd()), options))
     run.update_status(status=RunStatus.SUBMITTED, launcher="slurm", script=str(script))
     if not args.submit:
         print(f"{run.path}\nsubmit with: sbatch {script}")
@@ -158,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     job = re.search(r"Submitted batch job (\d+)", done.stdout)
     if done.returncode != 0 or job is None:
         reason = (done.stderr.strip() or done.stdout.strip() or f"exit {done.returncode}").splitlines()[-1]
-        run.update_status(status="failed", reason=f"sbatch: {reason}")
+        run.update_status(status=RunStatus.FAILED, reason=f"sbatch: {reason}")
         print(f"grpo-tui slurm: sbatch refused the job: {reason}", file=sys.stderr)
         return 1
     run.update_status(slurm_job=int(job.group(1)))

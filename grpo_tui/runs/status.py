@@ -130,7 +130,7 @@ def _recorded(meta: dict[str, Any]) -> RunStatus | None:
 
 def stream_verdict(records: Iterable[dict[str, Any]]) -> StatusVerdict:
     """What the stream's records say: `stream_status`, with the failure's one line when it failed."""
-    events = [(str(r["event"]), r) for r in records if "event" in r]
+    events = current_attempt([(str(r["event"]), r) for r in records if "event" in r])
     state = stream_status(events)
     # A failure says why; so does a trainer that stopped itself because its supervisor was gone.
     explained = {RunStatus.FAILED: {"error", "oom"}, RunStatus.STOPPED: {"supervisor_lost"}}.get(state, set())
@@ -138,15 +138,18 @@ def stream_verdict(records: Iterable[dict[str, Any]]) -> StatusVerdict:
     return StatusVerdict(state, next((r for r in reversed(reasons) if r), None))
 
 
+def current_attempt(events: Iterable[tuple[str, dict[str, Any]]]) -> list[tuple[str, dict[str, Any]]]:
+    """The events after the last `resume`: an earlier attempt's end (or its reason) is not the resumed run's."""
+    events = list(events)
+    resumed = [i for i, (kind, _) in enumerate(events) if kind == "resume"]
+    return events[resumed[-1] + 1 :] if resumed else events
+
+
 def stream_status(events: Iterable[tuple[str, dict[str, Any]]]) -> RunStatus:
     """From (kind, fields) of a run's events: failed (error / oom), stopped (a finish after a stop
     request or a lost supervisor, or saying stopped), finished, or running (no end yet). Only the events
     after the last resume count: the earlier attempt's end is not the resumed run's."""
-    events = list(events)
-    resumed = [i for i, (kind, _) in enumerate(events) if kind == "resume"]
-    if resumed:
-        events = events[resumed[-1] + 1 :]
-    kinds = {kind for kind, _ in events}
+    kinds = {kind for kind, _ in current_attempt(events)}
     if kinds & {"error", "oom"}:
         return RunStatus.FAILED
     finish = [fields for kind, fields in events if kind == "finish"]

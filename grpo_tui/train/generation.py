@@ -273,7 +273,7 @@ def choose_backend(requested: str, device_type: str, blockers: list[str]) -> tup
     if requested == "auto":  # graph becomes auto's choice once tests/gpu/test_generation_gpu.py passes on a GPU
         return "generate", None
     if device_type != "cuda":  # the eager twin is for tests: on the CPU it is no faster than generate
-        return "generate", (None if requested == "auto" else f"needs a CUDA device, this run is on {device_type}")
+        return "generate", f"needs a CUDA device, this run is on {device_type}"
     if blockers:
         return "generate", ", ".join(blockers)
     return "graph", None
@@ -303,7 +303,6 @@ class Rollouts:
 
     def __init__(self, trainer: Any, requested: str, on_event: Callable[..., None] | None = None) -> None:
         self.trainer = trainer
-        self.requested = requested
         self.backend, reason = choose_backend(requested, trainer.accelerator.device.type, graph_blockers(trainer))
         if reason is not None:
             if trainer.accelerator.is_main_process:

@@ -22,7 +22,7 @@ from trl import GRPOTrainer
 from trl.trainer.utils import nanmax, nanmin
 
 from grpo_tui.config.schema import LOSS_IMPLS
-from grpo_tui.train.loss_phase import LossPhaseMixin
+from grpo_tui.train.loss_phase import LossPhaseMixin, loss_mask, slice_bounds
 
 # TRL features the chunked path does not implement; each is refused with the GRPOConfig field's name.
 _CHUNKED_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
@@ -120,7 +120,6 @@ class GrpoTuiTrainer(LossPhaseMixin, GRPOTrainer):
         scoring_sub_batch: int | None = None,
         loss_sub_batch: int | None = None,
         activation_offload: bool = False,
-        phases: Any = None,
         profile_dir: str | None = None,
         on_step_logged: Callable[[GrpoTuiTrainer, dict[str, Any]], None] | None = None,
         on_event: Callable[..., None] | None = None,
@@ -138,12 +137,10 @@ class GrpoTuiTrainer(LossPhaseMixin, GRPOTrainer):
         self.loss_sub_batch, self.activation_offload = loss_sub_batch, activation_offload
         self.on_step_logged = on_step_logged
         super().__init__(*args, **kwargs)
-        if phases is None:
-            # $GRPO_TUI_PROFILE_STEP profiles one step into the run folder (profile_dir); None: no profiling.
-            cuda = self.accelerator.device.type == "cuda"
-            profiler = StepProfiler.from_env(profile_dir, cuda) if profile_dir is not None else None
-            phases = PhaseMemory(self.accelerator.device, profiler=profiler)
-        self.phases = phases
+        # $GRPO_TUI_PROFILE_STEP profiles one step into the run folder (profile_dir); None: no profiling.
+        cuda = self.accelerator.device.type == "cuda"
+        profiler = StepProfiler.from_env(profile_dir, cuda) if profile_dir is not None else None
+        self.phases = PhaseMemory(self.accelerator.device, profiler=profiler)
         add_hidden_states_forward(_peft_base(self.model))
         if self.ref_model is not None:
             add_hidden_states_forward(self.ref_model)
@@ -206,13 +203,13 @@ class GrpoTuiTrainer(LossPhaseMixin, GRPOTrainer):
             return turn(prompt_ids, images, multimodal_fields, num_generations, has_tool_images)
         parts = [
             turn(
-                prompt_ids[start : start + size],
-                None if images is None else images[start : start + size],
+                prompt_ids[start:stop],
+                None if images is None else images[start:stop],
                 multimodal_fields,
                 num_generations,
                 has_tool_images,
             )
-            for start in range(0, len(prompt_ids), size)
+            for start, stop in slice_bounds(len(prompt_ids), size)
         ]
         completion_ids = [ids for part_ids, _ in parts for ids in part_ids]
         logprobs = None if any(lp is None for _, lp in parts) else [x for _, lp in parts for x in lp]
@@ -303,7 +300,7 @@ class GrpoTuiTrainer(LossPhaseMixin, GRPOTrainer):
         from grpo_kernels import fused_linear_grpo_loss
 
         completion_ids, completion_mask = inputs["completion_ids"], inputs["completion_mask"]
-        mask = completion_mask if "tool_mask" not in inputs else completion_mask * inputs["tool_mask"]
+        mask = loss_mask(inputs)
         input_ids = torch.cat([inputs["prompt_ids"], completion_ids], dim=1)
         attention_mask = torch.cat([inputs["prompt_mask"], completion_mask], dim=1)
         logits_to_keep = completion_ids.size(1)

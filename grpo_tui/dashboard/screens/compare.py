@@ -18,7 +18,8 @@ from textual.widgets import Footer, Header, Static
 
 from grpo_tui.dashboard.compare import ComparisonTable, compare_runs
 from grpo_tui.dashboard.loading import load_run
-from grpo_tui.dashboard.state import PEAK_MIB, downsample
+from grpo_tui.dashboard.series import downsample
+from grpo_tui.dashboard.state import PEAK_MIB
 from grpo_tui.dashboard.widgets.bars import mib
 from grpo_tui.dashboard.widgets.braille import Series
 from grpo_tui.dashboard.widgets.metric_chart import MetricChart

@@ -277,10 +277,13 @@ class DashboardScreen(Screen[None]):
 
         try:
             run = prepare_resume(self.run_path)
+            supervisor.spawn_detached(run.path)
         except PresetError as exc:
             self.app.call_from_thread(self.notify, exc.lines[0], title="Not resumed", severity="warning")
             return
-        supervisor.spawn_detached(run.path)
+        except OSError as exc:  # e.g. a full disk opening stdout.log: say so, keep the app
+            self.app.call_from_thread(self.notify, f"cannot start: {exc}", title="Not resumed", severity="error")
+            return
         message = f"{run.name} continues from its last checkpoint"
         self.app.call_from_thread(self.notify, message, title="Resumed")
 

@@ -9,7 +9,6 @@ whose one-line error is shown as is.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -25,6 +24,8 @@ from textual.containers import Horizontal, Vertical
 from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Input, Label, ProgressBar, Static
+
+from grpo_tui.launch.process_group import signal_group
 
 HINT = "Enter in a field starts the search · Escape stops it and goes back"
 DEFAULT_BUDGET_MIN = "30"  # the command's default, shown so the user sees what applies
@@ -168,10 +169,7 @@ class TuneScreen(Screen[None]):
         """End the search process group (the trial's supervisor stops its training processes)."""
         process = self._process
         if process is not None and process.poll() is None:
-            try:
-                os.killpg(process.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass  # it just ended
+            signal_group(process.pid, signal.SIGTERM)  # a group that just ended is fine
 
     def on_unmount(self) -> None:
         self.stop()
