@@ -102,12 +102,12 @@ def padded_inputs(lengths: list[int], seq: int, hidden: int, vocab: int, seed: i
 def cases(args: argparse.Namespace) -> list[dict]:
     """The (valid tokens, padding) cases to time: each with its label and lengths."""
     out = []
+    mean, pool = lengths_from_file(args.lengths) if args.lengths else (None, None)  # read once
     for n_valid in bench.int_list(args.valid_tokens, "--valid-tokens"):
         for pct in _percent_list(args.padding):
             lengths = draw_lengths(n_valid, args.seq, args.seq * (1 - pct / 100), seed=args.seed)
             out.append({"valid_tokens": n_valid, "padding": f"{pct}%", "lengths": lengths})
         if args.lengths:
-            mean, pool = lengths_from_file(args.lengths)
             lengths = draw_lengths(n_valid, args.seq, mean, seed=args.seed, pool=pool)
             out.append({"valid_tokens": n_valid, "padding": "real", "lengths": lengths, "mean_length": mean})
     return out

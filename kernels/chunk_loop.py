@@ -27,7 +27,7 @@ def chunk_loop(hidden2d, weight, bias, ids, chunks, *, inv_t, token_grad, seq_gr
     """Run the chunks; returns (logps, entropies, grad_hidden, grad_weight, grad_bias), all over N rows.
 
     grad_weight and grad_bias come back in their accumulators' dtypes (fp32 for bf16/fp16 weights unless
-    lean): the caller converts them with `_in_weight_dtype` once this frame, and with it every view of the
+    lean): the caller converts them with `in_weight_dtype` once this frame, and with it every view of the
     chunk buffers, is gone, so that the weight-sized copy never coexists with the [C, V] buffer.
 
     hidden2d: [N, H]; ids: [N]; chunks: from `rows.plan_chunks`. Rows in no chunk are skipped: their

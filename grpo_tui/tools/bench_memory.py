@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from grpo_tui.config.cli_args import add_set_option
 from grpo_tui.config.schema import LOSS_IMPLS
 from grpo_tui.runs.metrics import PHASES, read_records, step_records
 from grpo_tui.train.phase_memory import MEMORY_CAP_ENV
@@ -209,14 +210,7 @@ def _common_parser(prog: str, description: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog, description=description)
     parser.add_argument("preset", help="preset name or path to a .toml")
     parser.add_argument("--impl", type=_impl_list, default=list(LOSS_IMPLS), help="e.g. chunked,naive,trl")
-    parser.add_argument(
-        "--set",
-        dest="sets",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="extra preset overrides for every trial",
-    )
+    add_set_option(parser, dest="sets")  # applied to every trial
     parser.add_argument("--steps", type=int, default=2, help="steps per trial (default 2)")
     parser.add_argument("--out", type=Path, default=Path("bench-results"), help="folder for JSON/markdown/PNG")
     parser.add_argument("--runs-dir", type=Path, default=None, help="where trial runs go (default OUT/runs)")

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from grpo_tui.config.cli_args import add_set_option
+
 # Relative tolerance per compute dtype: fp32 differs only by summation order; bf16/fp16 round the
 # logits (TRL's fused head and the kernel accumulate differently), so a looser bound.
 TOLERANCE = {"float32": 1e-4, "float64": 1e-8, "bfloat16": 3e-2, "float16": 1e-2}
@@ -40,7 +42,7 @@ class ImplResult:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="grpo-tui check", description=__doc__.splitlines()[0])
     parser.add_argument("preset", help="preset name or .toml path")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    add_set_option(parser)
     parser.add_argument("--baseline", choices=("naive", "trl"), help="default: the preset's loss.baseline")
     parser.add_argument("--rtol", type=float, help="relative tolerance (default by dtype: fp32 1e-4, bf16 3e-2)")
     return parser

@@ -24,6 +24,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from grpo_tui.config.cli_args import add_set_option
+from grpo_tui.config.overrides import apply_overrides
 from grpo_tui.config.schema import Preset
 from grpo_tui.tools.tune_search import (
     ACCUM,
@@ -161,9 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="MIN",
         help="minutes the search may take (default 30)",
     )
-    parser.add_argument(
-        "--set", dest="sets", action="append", default=[], metavar="KEY=VALUE", help="override for every trial"
-    )
+    add_set_option(parser, dest="sets")  # applied to every trial
     parser.add_argument(
         "--runs-dir", type=Path, default=Path("tune-runs"), help="where trial runs go (default ./tune-runs)"
     )
@@ -238,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def report(args: argparse.Namespace, preset: Preset, result: TuneResult) -> int:
     """Print the table and the verdict; save the winner as a user preset. Exit 1 when nothing fits."""
-    from grpo_tui.config.store import load_preset, save_user_preset
+    from grpo_tui.config.store import save_user_preset
 
     budget_note = " (stopped: time budget reached)" if result.out_of_budget else ""
     if not args.jsonl:  # the app builds its table from the trial events
@@ -253,7 +253,7 @@ def report(args: argparse.Namespace, preset: Preset, result: TuneResult) -> int:
         print(json.dumps({"done": {"best": None, "message": line}}) if args.jsonl else line, flush=True)
         return 1
     best = result.best
-    tuned, _ = load_preset(args.preset, [*args.sets, *as_sets(best.settings)])
+    tuned = apply_overrides(preset, as_sets(best.settings))  # `preset` already has --set applied
     path = save_user_preset(tuned, tuned_name(preset.name, args.memory_cap), overwrite=True)
     line = (
         f"best: {describe(best.settings)} at {best.tokens_per_s:.0f} tokens/s, peak {_fmt(best.peak_gib)} GiB"
