@@ -6,6 +6,7 @@ greedy decoding must match TRL's generate path token for token, and follow weigh
 
 from __future__ import annotations
 
+import inspect
 import json
 from pathlib import Path
 
@@ -193,6 +194,49 @@ def test_graph_on_cpu_falls_back_with_a_note_and_an_event(
     (fallback,) = [e for e in events if e["event"] == "generation_fallback"]
     assert fallback["requested"] == "graph" and fallback["used"] == "generate" and "CUDA" in fallback["reason"]
     assert "grpo.generation_backend graph cannot run (needs a CUDA device" in capsys.readouterr().out
+    # The step record names the backend that ran and counts what it generated (TRL's mean length x rows).
+    (step,) = steps
+    assert step["generation/backend"] == "generate"
+    rows = run.load_preset().grpo.per_device_batch_size
+    assert step["generation/tokens"] == pytest.approx(step["completions/mean_length"] * rows, abs=0.5)
+    assert step["generation/tokens_per_s"] == pytest.approx(
+        step["generation/tokens"] / step["time_s/generation"], rel=0.01
+    )
+
+
+class PastKeyValuesModel(torch.nn.Module):
+    """A model with transformers 5.17's forward: the cache comes as `past_key_values`, and an unknown keyword
+    (5.2x's `cache`) vanishes into **kwargs, so a caller using the wrong name silently gets a fresh cache."""
+
+    def __init__(self, inner: torch.nn.Module) -> None:
+        super().__init__()
+        self.inner, self.config = inner, inner.config
+
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None, **kwargs):
+        kwargs.pop("cache", None)
+        inner_name = "cache" if "cache" in inspect.signature(type(self.inner).forward).parameters else "past_key_values"
+        kwargs[inner_name] = past_key_values
+        return self.inner(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, **kwargs)
+
+
+def test_the_cache_goes_under_the_name_the_model_takes(model: torch.nn.Module) -> None:
+    from grpo_tui.train.generation import cache_argument
+
+    older = PastKeyValuesModel(model)
+    assert cache_argument(older) == "past_key_values"
+    assert cache_argument(model) in inspect.signature(type(model).forward).parameters
+    # Before the fix the decoder passed `cache=` whatever the model took: on 5.17 every step saw one key.
+    got = decode(StaticDecoder(use_graph=False), older, EOS, Sampling(greedy=True))
+    assert got == reference(model, PROMPTS, EOS, do_sample=False)
+
+
+def test_cache_argument_looks_through_peft(model: torch.nn.Module) -> None:
+    from peft import LoraConfig, get_peft_model
+
+    from grpo_tui.train.generation import cache_argument
+
+    wrapped = get_peft_model(PastKeyValuesModel(model), LoraConfig(r=2, target_modules=["q_proj"]))
+    assert cache_argument(wrapped) == "past_key_values"
 
 
 def tiny_trainer(tmp_path: Path, *sets: str):

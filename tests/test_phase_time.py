@@ -166,3 +166,31 @@ def test_step_times_script_reads_the_phase_times_of_a_run(tmp_path, capsys) -> N
     assert chunked["peak_gib"] > 0 and missing["error"] == "no step record"
     table = capsys.readouterr().out
     assert "| chunked | 64 | 2 |" in table and "| trl | 64 | failed: no step record |" in table
+
+
+def test_generation_fields_sum_ranks_and_rate_over_the_generation_time() -> None:
+    from grpo_tui.train.phase_memory import generation_fields
+
+    fields = generation_fields("graph", [300, 340], {"time_s/generation": 0.5})
+    assert fields == {"generation/backend": "graph", "generation/tokens": 640, "generation/tokens_per_s": 1280.0}
+    # A step that reuses an earlier rollout (num_iterations > 1) generated nothing: no rate, not a zero.
+    assert "generation/tokens_per_s" not in generation_fields("graph", [0], {"time_s/generation": 0.0})
+
+
+def test_progress_shows_the_backend_and_recent_generation_rate() -> None:
+    from grpo_tui.dashboard.feed import generation_label
+    from grpo_tui.dashboard.state import RunState
+
+    old = RunState()
+    old.apply([_record(1)])
+    assert generation_label(old) is None  # runs written before the keys existed show nothing
+
+    state = RunState()
+    state.apply(
+        [
+            _record(1, **{"generation/backend": "generate", "generation/tokens_per_s": 1000.0}),
+            _record(2, **{"generation/backend": "graph", "generation/tokens_per_s": 3000.0}),
+            _record(3, **{"generation/backend": "graph", "generation/tokens": 0}),  # reused rollout: no rate
+        ]
+    )
+    assert generation_label(state) == "graph · 2,000 tok/s"

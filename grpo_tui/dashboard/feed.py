@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from grpo_tui.config.types import clip
 from grpo_tui.dashboard.alerts import Alert, AlertLog, detect_alerts
 from grpo_tui.dashboard.loading import load_recent, load_run
 from grpo_tui.dashboard.monitor import GpuHistory, MonitorSnapshot
@@ -24,7 +25,7 @@ from grpo_tui.runs.completions import CompletionIndex, PromptGroup
 from grpo_tui.runs.folder import RunDir, read_json
 from grpo_tui.runs.heartbeat import HeartbeatReader
 from grpo_tui.runs.listing import read_config
-from grpo_tui.runs.metrics import PHASES, STEP_TIME_KEY, phase_time_key
+from grpo_tui.runs.metrics import GENERATION_BACKEND_KEY, GENERATION_RATE_KEY, PHASES, STEP_TIME_KEY, phase_time_key
 from grpo_tui.runs.status import LIVE_STATES, RunStatus, judge
 
 # Points per drawn series: about two per cell of a wide chart, so nothing visible is lost.
@@ -61,6 +62,7 @@ class ProgressInfo:
     steps_per_s: float | None
     state: str
     loss_impl: str | None
+    generation: str | None = None  # "graph · 12,345 tok/s": the rollout backend and its recent throughput
 
 
 @dataclass(frozen=True)
@@ -191,6 +193,7 @@ class DashboardFeed:
             steps_per_s=(1.0 / median) if median else None,
             state=self._status,
             loss_impl=state.loss_impl or None,
+            generation=generation_label(state),
         )
         control = read_json(self.run.control) or {}
         live = self._status in LIVE_STATES
@@ -284,6 +287,15 @@ def phase_rows(state: RunState) -> dict[str, dict[str, float | None]]:
             "share": seconds / step_s if seconds is not None and step_s else None,
         }
     return rows
+
+
+def generation_label(state: RunState) -> str | None:
+    """The rollout backend of the latest step and the mean completion tokens/s of the recent steps."""
+    backend = state.last_record.get(GENERATION_BACKEND_KEY)
+    if not isinstance(backend, str):
+        return None  # runs written before the key existed
+    rate = _recent_mean(state, GENERATION_RATE_KEY)
+    return clip(backend, 12) + ("" if rate is None else f" · {rate:,.0f} tok/s")
 
 
 def _recent_mean(state: RunState, name: str) -> float | None:

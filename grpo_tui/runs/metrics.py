@@ -22,6 +22,11 @@ Step records (one per logged optimizer step) have no `event` key and carry at le
                               end (>= the sum of the phases; the rest is gradient clipping and the like).
                               TRL's own `step_time` (below) leaves the optimizer out.
                               Runs written before these keys existed lack them (readers show nothing).
+    generation/backend: str   the rollout backend that generated this step's completions (generate | static |
+                              graph: grpo.generation_backend after auto and fallbacks are resolved)
+    generation/tokens: int    completion tokens generated this step, summed over ranks (0 on a step that
+                              reuses an earlier rollout: num_iterations > 1)
+    generation/tokens_per_s: float   generation/tokens / time_s/generation (absent when nothing was generated)
 plus every metric TRL logs under TRL's own name (e.g. `rewards/<func>/mean`, `frac_reward_zero_std`,
 `kl`, `entropy`, `clip_ratio/region_mean`, `completions/mean_length`, `grad_norm`, `learning_rate`,
 `step_time`, `num_tokens`).
@@ -79,6 +84,11 @@ EVENTS = frozenset(
 PHASES = ("generation", "scoring", "loss", "optimizer")
 # Step-record key of a step's wall seconds (first phase start to last phase end).
 STEP_TIME_KEY = "time_s/step"
+
+
+GENERATION_BACKEND_KEY = "generation/backend"
+GENERATION_TOKENS_KEY = "generation/tokens"
+GENERATION_RATE_KEY = "generation/tokens_per_s"
 
 
 def phase_time_key(phase: str) -> str:

@@ -100,6 +100,7 @@ class DecodeState:
     key_valid: torch.Tensor  # [R, L] False on prompt padding
     key_index: torch.Tensor  # [L] 0..L-1
     additive_mask: bool  # eager attention adds the mask; sdpa takes it as bool
+    cache_argument: str = "cache"  # the forward's keyword for the cache (see `cache_argument`)
 
     @property
     def rows(self) -> int:
@@ -119,10 +120,21 @@ def _attention_mask(state: DecodeState, allowed: torch.Tensor, dtype: torch.dtyp
     return {"full_attention": allowed}
 
 
+def cache_argument(model: Any) -> str:
+    """The name the model's forward takes its KV cache under: `cache` from transformers ~5.2x on,
+    `past_key_values` before (5.17 on the GPU image). An unknown name is swallowed by `**kwargs` and the
+    model silently builds a fresh one-token cache each call, so this is read from the base model's signature.
+    """
+    import inspect
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # PEFT's forward is **kwargs
+    names = inspect.signature(type(base).forward).parameters
+    return "cache" if "cache" in names else "past_key_values"
+
+
 def _forward(model: Any, state: DecodeState, ids: torch.Tensor, positions: torch.Tensor, mask: dict) -> torch.Tensor:
-    out = model(
-        input_ids=ids, attention_mask=mask, position_ids=positions, cache=state.cache, use_cache=True, logits_to_keep=1
-    )
+    cache = {state.cache_argument: state.cache}
+    out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1, **cache)
     return out.logits[:, -1].float()  # [R, V], as generate scores in fp32
 
 
@@ -237,6 +249,7 @@ class StaticDecoder:
             key_valid=torch.ones((rows, length), dtype=torch.bool, device=device),
             key_index=torch.arange(length, device=device),
             additive_mask=config._attn_implementation == "eager",
+            cache_argument=cache_argument(model),
         )
         self._model_id = id(model)
         # StaticCache allocates its layers on the first write: a one-token prefill does it before any capture.
@@ -317,6 +330,11 @@ class Rollouts:
             trainer.generation_config.disable_compile = False
             trainer.generation_kwargs["cache_implementation"] = "static"
         self.decoder = StaticDecoder(use_graph=True) if self.backend == "graph" else None
+        self.tokens = 0  # completion tokens generated since the last `take_tokens`
+
+    def take_tokens(self) -> int:
+        tokens, self.tokens = self.tokens, 0
+        return tokens
 
     def single_turn(self, default: Callable[..., Any]) -> Callable[..., Any]:
         """`default` itself, or a function with its signature that decodes text prompts with the graph."""

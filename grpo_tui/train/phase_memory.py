@@ -29,7 +29,14 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from grpo_tui.runs.metrics import PHASES, STEP_TIME_KEY, phase_time_key
+from grpo_tui.runs.metrics import (
+    GENERATION_BACKEND_KEY,
+    GENERATION_RATE_KEY,
+    GENERATION_TOKENS_KEY,
+    PHASES,
+    STEP_TIME_KEY,
+    phase_time_key,
+)
 
 MIB = 2**20
 # `grpo-tui max-batch --memory-cap GiB` sets this to emulate a smaller card (read by each training process).
@@ -334,3 +341,14 @@ def merge_times(per_rank: list[dict[str, float]]) -> dict[str, float]:
     """One record's `time_s/*` fields from every rank's: the mean over ranks, so phases still sum to <= step."""
     keys = sorted({key for times in per_rank for key in times})
     return {key: round(sum(times.get(key, 0.0) for times in per_rank) / len(per_rank), 4) for key in keys}
+
+
+def generation_fields(backend: str, tokens_per_rank: list[int], times: dict[str, float]) -> dict[str, Any]:
+    """A step record's `generation/*` fields: the backend, tokens summed over ranks, and their rate over the
+    (rank-mean) generation time; no rate on a step that generated nothing."""
+    tokens = sum(tokens_per_rank)
+    fields: dict[str, Any] = {GENERATION_BACKEND_KEY: backend, GENERATION_TOKENS_KEY: tokens}
+    seconds = times.get(phase_time_key("generation"), 0.0)
+    if tokens and seconds > 0:
+        fields[GENERATION_RATE_KEY] = round(tokens / seconds, 1)
+    return fields

@@ -127,9 +127,13 @@ class TrainingSession:
     def _on_step_logged(self, trainer: Any, logs: dict[str, Any]) -> None:
         from accelerate.utils import gather_object
 
-        from grpo_tui.train.phase_memory import merge_snapshots, merge_times
+        from grpo_tui.train.phase_memory import generation_fields, merge_snapshots, merge_times
 
-        mine = (trainer.phases.snapshot(trainer.phases.take_step()), trainer.phases.take_times())
+        mine = (
+            trainer.phases.snapshot(trainer.phases.take_step()),
+            trainer.phases.take_times(),
+            trainer.rollouts.take_tokens(),
+        )
         with self.heartbeat.during(COLLECTIVE):
             per_rank = gather_object([mine]) if self.state.use_distributed else [mine]
         if self.writer is None:
@@ -146,8 +150,9 @@ class TrainingSession:
                 record[key] = self._last_reward[key]
             elif record.get(key) is not None:
                 self._last_reward[key] = record[key]
-        record["memory"] = merge_snapshots([snapshot for snapshot, _ in per_rank])
-        record.update(merge_times([times for _, times in per_rank]))
+        record["memory"] = merge_snapshots([snapshot for snapshot, _, _ in per_rank])
+        record.update(merge_times([times for _, times, _ in per_rank]))
+        record.update(generation_fields(trainer.rollouts.backend, [tokens for _, _, tokens in per_rank], record))
         self.writer.write(record)
         self._flush_pending()
         self._write_completions(trainer)

@@ -188,6 +188,13 @@ class GrpoTuiTrainer(LossPhaseMixin, GRPOTrainer):
             return super()._generate(prompts)
 
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+        completion_ids, logprobs = self._sliced_turn(
+            prompt_ids, images, multimodal_fields, num_generations, has_tool_images
+        )
+        self.rollouts.tokens += sum(map(len, completion_ids))  # the step record's generation/tokens
+        return completion_ids, logprobs
+
+    def _sliced_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images):
         # grpo.generation_sub_batch: generate the rollout a slice at a time, so the KV cache (the step's peak
         # for long completions) holds one slice. Each completion is sampled independently, so slicing keeps
         # the distribution; vLLM, continuous batching and multimodal inputs manage their own memory.

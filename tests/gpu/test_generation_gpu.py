@@ -93,8 +93,11 @@ def test_graph_with_lora_adapters_updated_in_place(tiny_model_path: Path) -> Non
 def test_training_on_cuda_uses_the_graph(tiny_model_path: Path, tmp_path: Path) -> None:
     from tests.test_trainer import make_run, run_steps
 
-    run = make_run(tmp_path, "graph-cuda", grpo={"max_steps": 3}, distributed={"use_cpu": False})
+    run = make_run(
+        tmp_path, "graph-cuda", grpo={"max_steps": 3, "generation_backend": "graph"}, distributed={"use_cpu": False}
+    )
     code, steps, events = run_steps(run)
     assert code == 0 and len(steps) == 3
     assert not [e for e in events if e["event"] == "generation_fallback"]
+    assert all(s["generation/backend"] == "graph" and s["generation/tokens_per_s"] > 0 for s in steps)
     assert all(s["completions/mean_length"] > 0 for s in steps)

@@ -46,6 +46,8 @@ class ProgressPanel(Static):
             ("   steps/s ", "dim"),
             speed,
         )
+        if info.generation:  # the rollout backend and its completion tokens/s (issue 13)
+            line2.append_text(Text.assemble(("   generation ", "dim"), info.generation))
         # Always two lines: no relayout of the screen unless the width changed.
         shape = self.size.width
         self.update(Group(line1, line2), layout=shape != getattr(self, "_shape", None))
