@@ -115,9 +115,12 @@ def step_bytes(model: Any, rows: int, mean_context: float) -> float:
     return weights + rows * mean_context * kv_per_token
 
 
-def mean_logprob(model: Any, prompts: list[list[int]], completions: list[list[int]], pad: int, rows: int) -> float:
-    """Mean log-prob of the sampled tokens under the model (one teacher-forced forward per slice)."""
-    total, count = 0.0, 0
+def mean_logprob(
+    model: Any, prompts: list[list[int]], completions: list[list[int]], pad: int, rows: int
+) -> tuple[float, list[float]]:
+    """Mean log-prob of the sampled tokens under the model (one teacher-forced forward per slice), and each
+    completion's own mean (their spread gives the standard error of a run's mean)."""
+    total, count, per_completion = 0.0, 0, []
     for start in range(0, len(prompts), rows):
         ps, cs = prompts[start : start + rows], completions[start : start + rows]
         width, length = max(map(len, ps)), max(map(len, cs))
@@ -131,7 +134,36 @@ def mean_logprob(model: Any, prompts: list[list[int]], completions: list[list[in
         keep = mask[:, width:].bool()
         total += logps[keep].sum().item()
         count += int(keep.sum())
-    return total / max(count, 1)
+        sums, lengths = (logps * keep).sum(-1), keep.sum(-1)
+        per_completion += (sums / lengths.clamp(min=1))[lengths > 0].tolist()
+    return total / max(count, 1), per_completion
+
+
+def standard_error(values: list[float]) -> float:
+    """The standard error of the mean: the run-to-run spread of a mean over this many independent samples."""
+    n = len(values)
+    if n < 2:
+        return float("nan")
+    mean = sum(values) / n
+    return (sum((v - mean) ** 2 for v in values) / (n - 1) / n) ** 0.5
+
+
+def sampling_match(checks: list[dict[str, Any]], baseline: str = "generate") -> list[dict[str, Any]]:
+    """Each backend's sampling check against the baseline's: the differences of the means in units of their
+    combined standard error (|z| <= 3: within run-to-run spread)."""
+    base = next((c for c in checks if c["backend"] == baseline), None)
+    rows = []
+    for c in checks:
+        if base is None or c is base:
+            continue
+        row = {"backend": c["backend"], "against": baseline}
+        for key in ("mean_logprob", "length_mean"):
+            se = (c[f"{key}_se"] ** 2 + base[f"{key}_se"] ** 2) ** 0.5
+            row[f"{key}_diff"] = c[key] - base[key]
+            row[f"{key}_z"] = row[f"{key}_diff"] / se if se > 0 else float("nan")
+        row["within_spread"] = all(abs(row[f"{k}_z"]) <= 3 for k in ("mean_logprob", "length_mean"))
+        rows.append(row)
+    return rows
 
 
 def measure(
@@ -171,6 +203,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--new-tokens", type=int, default=None, help="default 256 (8 with --tiny)")
     parser.add_argument("--samples", type=int, default=None, help="sampling-check completions (default 512)")
     parser.add_argument("--backends", default=",".join(BACKENDS))
+    parser.add_argument(
+        "--backend-batches",
+        action="append",
+        default=[],
+        metavar="NAME=B,B",
+        help="batch sizes for one backend only (e.g. static=128: each shape compiles), repeatable",
+    )
+    parser.add_argument("--no-sampling", default="", help="comma-separated backends whose sampling check is skipped")
     parser.add_argument("--budget-s", type=float, default=230.0)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
@@ -220,9 +260,10 @@ def main(argv: list[str] | None = None) -> int:
             return True
         return False
 
+    per_backend = {k: [int(b) for b in v.split(",")] for k, v in (item.split("=", 1) for item in args.backend_batches)}
     for name in args.backends.split(","):
         backend = Backend(name, model, pad)
-        for rows in batches:
+        for rows in per_backend.get(name, batches):
             if over_budget(f"{name} throughput batch {rows}"):
                 continue
             batch = prompts[:rows]
@@ -232,25 +273,30 @@ def main(argv: list[str] | None = None) -> int:
             row.update(bound_tokens_per_s=bound, bound_fraction=row["tokens_per_s"] / bound)
             result["throughput"].append(row)
             print(json.dumps(row), flush=True)
-        if not over_budget(f"{name} sampling check"):
+        if name not in args.no_sampling.split(",") and not over_budget(f"{name} sampling check"):
             torch.manual_seed(0)
             start = time.perf_counter()
             with torch.no_grad():
                 completions = backend.run(prompts[:samples], new_tokens, stop_ids.tolist(), ignore_eos=False)
-            lengths = torch.tensor([len(c) for c in completions], dtype=torch.float64)
+            seconds = time.perf_counter() - start
+            lengths = [float(len(c)) for c in completions]
+            logprob, per_completion = mean_logprob(model, prompts[:samples], completions, pad, 32)
             check = {
                 "backend": name,
                 "completions": len(completions),
-                "s": round(time.perf_counter() - start, 3),
-                "mean_logprob": mean_logprob(model, prompts[:samples], completions, pad, 32),
-                "length_mean": lengths.mean().item(),
-                "length_std": lengths.std().item(),
+                "s": round(seconds, 3),
+                "mean_logprob": logprob,
+                "mean_logprob_se": standard_error(per_completion),
+                "length_mean": sum(lengths) / len(lengths),
+                "length_std": standard_error(lengths) * len(lengths) ** 0.5,
+                "length_mean_se": standard_error(lengths),
             }
             result["sampling"].append(check)
             print(json.dumps(check), flush=True)
         backend.release()
         if device.type == "cuda":
             torch.cuda.empty_cache()
+    result["sampling_match"] = sampling_match(result["sampling"])
     result["total_s"] = round(time.perf_counter() - began, 1)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "generation-bench.json").write_text(json.dumps(result, indent=1) + "\n")
@@ -278,10 +324,16 @@ def table(result: dict[str, Any]) -> str:
             f"{r['backend']:9} {r['batch']:>5} {r['tokens_per_s']:>10.0f} {r['first_call_s']:>8.1f} {peak:>9} "
             f"{100 * r['bound_fraction']:>7.1f}%"
         )
-    lines.append(f"{'backend':9} {'n':>5} {'mean logp':>10} {'len mean':>8} {'len std':>9}")
+    lines.append(f"{'backend':9} {'n':>5} {'mean logp':>10} {'+-se':>7} {'len mean':>8} {'+-se':>6} {'len std':>8}")
     for s in result["sampling"]:
         lines.append(
-            f"{s['backend']:9} {s['completions']:>5} {s['mean_logprob']:>10.4f} {s['length_mean']:>8.1f} {s['length_std']:>9.1f}"
+            f"{s['backend']:9} {s['completions']:>5} {s['mean_logprob']:>10.4f} {s['mean_logprob_se']:>7.4f} "
+            f"{s['length_mean']:>8.1f} {s['length_mean_se']:>6.2f} {s['length_std']:>8.1f}"
+        )
+    for m in result.get("sampling_match", []):
+        lines.append(
+            f"{m['backend']} vs {m['against']}: logp z {m['mean_logprob_z']:+.2f}, length z {m['length_mean_z']:+.2f}"
+            f" -> {'within' if m['within_spread'] else 'OUTSIDE'} run-to-run spread"
         )
     if result["skipped"]:
         lines.append("skipped (time budget): " + "; ".join(result["skipped"]))

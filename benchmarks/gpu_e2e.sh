@@ -3,7 +3,7 @@
 #
 # Run from the repository root on a CUDA machine that has torch, triton, transformers, accelerate and
 # peft (the device image), with the missing packages as wheels in .whl/ and GSM8K in .devdata/:
-#   bash benchmarks/gpu_e2e.sh PHASE...     PHASE: tests kernel generation memory memory2 concurrent rollout dashboard profile
+#   bash benchmarks/gpu_e2e.sh PHASE...     PHASE: tests kernel generation memory memory2 concurrent rollout dashboard profile steps
 # Results land in $OUT (default ./gpu-out): one folder per phase plus a log; a table is printed last.
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu-out}
@@ -29,6 +29,13 @@ E2E_SETS=(--set model.name_or_path=builtin:qwen3-0.6b-shape --set "data.source=$
 # EXTRA_SETS="k=v k=v": more overrides for every e2e phase (e.g. grpo.generation_backend=generate)
 for item in ${EXTRA_SETS:-}; do E2E_SETS+=(--set "$item"); done
 
+# The steps phase's default runs: trl and chunked with TRL's generate, chunked with the graph backend, and
+# chunked + graph with every memory option (issue 12's lean setting), at batch 64 and 128.
+LEAN=grpo.loss_sub_batch=32,grpo.activation_offload=true,grpo.generation_sub_batch=32,grpo.scoring_sub_batch=32
+DEFAULT_STEP_SPECS="trl:trl:generate:64 chunked:chunked:generate:64 graph:chunked:graph:64 lean:chunked:graph:64:$LEAN
+ trl:trl:generate:128 chunked:chunked:generate:128 graph:chunked:graph:128 lean:chunked:graph:128:$LEAN
+ trl-graph:trl:graph:128"
+
 # Built once per machine (cached under GRPO_TUI_CACHE_DIR); every trial reloads it from there.
 build_model() { python3 -c "from grpo_tui.tasks.shapes import build_shaped_model as b; print(b('qwen3-0.6b-shape'))"; }
 
@@ -36,13 +43,14 @@ for phase in "$@"; do
   echo "=== phase $phase $(date -u +%T)"
   case $phase in
     tests)
-      timeout 240 python3 -m pytest -q -p no:cacheprovider tests/gpu 2>&1 | tail -25 | tee "$OUT/gpu-tests.log"
+      timeout ${TESTS_TIMEOUT:-240} python3 -m pytest -q -p no:cacheprovider tests/gpu 2>&1 | tail -25 | tee "$OUT/gpu-tests.log"
       ;;
     generation)
       # Issue 13: rollout tokens/s per grpo.generation_backend, the sampling check and the bandwidth bound.
       build_model || exit 1
-      timeout 250 python3 benchmarks/generation_bench.py --data "$GSM8K" --budget-s ${GEN_BUDGET:-200} \
-        --out "$OUT/generation" 2>&1 | tail -20
+      # GEN_ARGS: more options (e.g. "--backend-batches static=128 --no-sampling static").
+      timeout $(( ${GEN_BUDGET:-200} + 60 )) python3 benchmarks/generation_bench.py --data "$GSM8K" \
+        --budget-s ${GEN_BUDGET:-200} ${GEN_ARGS:-} --out "$OUT/generation" 2>&1 | tail -24
       ;;
     kernel)
       timeout 330 python3 -m grpo_kernels.bench ${KERNEL_ARGS:---batch 8,32,64} --out "$OUT/kernel-h200.json" 2>&1 | tail -30
@@ -123,7 +131,27 @@ for phase in "$@"; do
       python3 benchmarks/step_times.py --skip-step 3 --out "$OUT/profile/step-times.json" "${labels[@]}" \
         | tee "$OUT/profile/step-times.md"
       ;;
-    *) echo "unknown phase $phase; allowed: tests kernel generation memory memory2 concurrent rollout dashboard profile" >&2; exit 2 ;;
+    steps)
+      # Issues 12 and 13: whole steps per loss impl, generation backend and memory option, each a fresh
+      # headless run of 2 steps (step 2 reported), one after the other. STEP_SPECS: "label:impl:backend:batch[:k=v,...]".
+      build_model || exit 1
+      labels=()
+      for spec in ${STEP_SPECS:-$DEFAULT_STEP_SPECS}; do
+        IFS=: read -r label impl backend batch extra <<< "$spec"
+        sets=(--set loss.impl=$impl --set grpo.generation_backend=$backend --set grpo.per_device_batch_size=$batch)
+        for item in ${extra//,/ }; do sets+=(--set "$item"); done
+        runs=/tmp/runs-steps-$label-$batch
+        rm -rf "$runs"
+        timeout ${STEP_TIMEOUT:-150} python3 -m grpo_tui.cli run qwen3-0.6b-gsm8k --headless "${E2E_SETS[@]}" "${sets[@]}" \
+          --set grpo.max_steps=2 --set logging.save_steps=0 --runs-dir "$runs" > "$OUT/steps-$label-$batch.log" 2>&1
+        echo "$label batch $batch: exit $? $(tail -1 "$OUT/steps-$label-$batch.log")"
+        mkdir -p "$OUT/steps"
+        cp "$runs"/*/metrics.jsonl "$OUT/steps/$label-$batch.jsonl" 2>/dev/null
+        labels+=("$label/$batch=$OUT/steps/$label-$batch.jsonl")
+      done
+      python3 benchmarks/step_times.py --out "$OUT/steps/step-times.json" "${labels[@]}" | tee "$OUT/steps/step-times.md"
+      ;;
+    *) echo "unknown phase $phase; allowed: tests kernel generation memory memory2 concurrent rollout dashboard profile steps" >&2; exit 2 ;;
   esac
 done
 echo "=== done $(date -u +%T)"

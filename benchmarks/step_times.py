@@ -14,7 +14,15 @@ import json
 from pathlib import Path
 from typing import Any
 
-from grpo_tui.runs.metrics import PHASES, STEP_TIME_KEY, phase_time_key, read_records, step_records
+from grpo_tui.runs.metrics import (
+    GENERATION_BACKEND_KEY,
+    GENERATION_RATE_KEY,
+    PHASES,
+    STEP_TIME_KEY,
+    phase_time_key,
+    read_records,
+    step_records,
+)
 
 
 def pick_step(steps: list[dict[str, Any]], skip: set[int]) -> dict[str, Any] | None:
@@ -42,19 +50,22 @@ def row(label: str, path: Path, skip: set[int]) -> dict[str, Any]:
         trl_step_time_s=round(step["step_time"], 4) if isinstance(step.get("step_time"), float) else None,
         phases_s={phase: step.get(phase_time_key(phase)) for phase in PHASES},
         peak_gib=round(max(g["peak_mib"] for g in gpus) / 1024, 2) if gpus else None,
+        backend=step.get(GENERATION_BACKEND_KEY),
+        generation_tokens_per_s=step.get(GENERATION_RATE_KEY),
     )
     return out
 
 
 def markdown(rows: list[dict[str, Any]]) -> str:
     head = ["impl", "batch", "step", "step s", *(f"{p} s" for p in PHASES), "TRL step_time s", "peak GiB"]
+    head += ["backend", "gen tok/s"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         if "error" in r:
             lines.append(f"| {r['impl']} | {r['batch']} | failed: {r['error']} |")
             continue
         cells = [r["impl"], r["batch"], r["step"], r["step_s"], *r["phases_s"].values(), r["trl_step_time_s"]]
-        cells.append(r["peak_gib"])
+        cells += [r["peak_gib"], r.get("backend"), r.get("generation_tokens_per_s")]
         lines.append("| " + " | ".join("–" if c is None else str(c) for c in cells) + " |")
     return "\n".join(lines)
 

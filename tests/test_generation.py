@@ -315,3 +315,22 @@ def test_benchmark_smoke_on_cpu(tiny_model_path: Path, tmp_path: Path) -> None:
     assert all(r["tokens_per_s"] > 0 and 0 < r["bound_fraction"] for r in result["throughput"])
     for check in result["sampling"]:
         assert check["completions"] == 8 and 1 <= check["length_mean"] <= 4 and check["mean_logprob"] < 0
+        assert check["mean_logprob_se"] > 0 and check["length_mean_se"] >= 0
+    assert [m["backend"] for m in result["sampling_match"]] == ["graph", "static"]
+
+
+def test_benchmark_sampling_match_is_in_units_of_the_combined_standard_error() -> None:
+    import importlib.util
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "generation_bench.py"
+    spec = importlib.util.spec_from_file_location("generation_bench", script)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.standard_error([1.0, 3.0]) == pytest.approx(1.0)  # sd sqrt(2) over sqrt(2)
+    base = {"backend": "generate", "mean_logprob": -5.0, "mean_logprob_se": 0.03, "length_mean": 100.0}
+    base["length_mean_se"] = 4.0
+    near = {**base, "backend": "graph", "mean_logprob": -5.1, "length_mean": 110.0}  # z -2.36, +1.77
+    far = {**base, "backend": "static", "mean_logprob": -5.2}  # z -4.7
+    near_row, far_row = bench.sampling_match([base, near, far])
+    assert near_row["mean_logprob_z"] == pytest.approx(-0.1 / (0.03 * 2**0.5))
+    assert near_row["within_spread"] and not far_row["within_spread"]
