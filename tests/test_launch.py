@@ -102,7 +102,7 @@ def test_launch_argv(tmp_path: Path) -> None:
     assert argv == [
         sys.executable,
         "-m",
-        "accelerate.commands.launch",
+        "grpo_tui.launch.launcher",  # accelerate launch, one-machine sockets on loopback
         "--config_file",
         str(tmp_path / "accelerate.yaml"),
         "-m",

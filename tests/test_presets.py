@@ -137,7 +137,7 @@ def test_show_prints_resolved_toml_and_command(capsys: pytest.CaptureFixture[str
     # The output (comments aside) is itself a complete preset.
     shown = Preset.model_validate(tomllib.loads(out))
     assert shown.grpo.max_steps == 7 and shown.grpo.top_p == 1.0  # a default, filled in
-    assert "accelerate.commands.launch --config_file" in out and "-m grpo_tui.train --run-dir" in out
+    assert "grpo_tui.launch.launcher --config_file" in out and "-m grpo_tui.train --run-dir" in out
 
 
 def test_validate_ok(capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,7 +1,8 @@
 """From a preset to the exact `accelerate launch` invocation: a generated config file plus argv.
 
-The trainer is started as `python -m accelerate.commands.launch --config_file <yaml> -m grpo_tui.train
---run-dir <dir>` (the running interpreter, so the venv is the one in use; argv only, never a shell).
+The trainer is started as `python -m grpo_tui.launch.launcher --config_file <yaml> -m grpo_tui.train
+--run-dir <dir>` (the running interpreter, so the venv is the one in use; argv only, never a shell): that
+is `accelerate launch` with a one-machine run's listening sockets kept on loopback (see launch/launcher.py).
 CPU runs need one environment variable as well (`launch_env`): accelerate's config file alone
 cannot start several CPU processes (see `build_accelerate_config`).
 """
@@ -17,9 +18,11 @@ from grpo_tui.config.schema import DistributedSection, Preset
 from grpo_tui.runs.folder import RunDir, write_private_text
 
 TRAIN_MODULE = "grpo_tui.train"
-# The preset's port when none was chosen. On one machine it is replaced by 0, which makes accelerate pick
-# a free port per run: torch's rendezvous store listens on every interface (no way to bind it to
-# loopback through accelerate/torchrun), so a fixed well-known port is not left open to guess.
+# accelerate's launcher, run in-process by ours: on one machine it binds the rendezvous store and the
+# collectives' sockets to loopback; runs over several machines pass through to accelerate untouched.
+LAUNCHER_MODULE = "grpo_tui.launch.launcher"
+# The preset's port when none was chosen. On one machine it is replaced by 0, a free port per run
+# (reserved on 127.0.0.1 by the launcher), so two runs at once never fight over 29500.
 DEFAULT_PORT = DistributedSection.model_fields["main_process_port"].default
 
 
@@ -114,7 +117,7 @@ def build_launch_command(preset: Preset, run_dir: Path, config_file: Path | None
     return [
         sys.executable,
         "-m",
-        "accelerate.commands.launch",
+        LAUNCHER_MODULE,
         "--config_file",
         str(config_file),
         "-m",

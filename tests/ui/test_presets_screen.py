@@ -28,7 +28,7 @@ async def test_opens_on_tiny_cpu_with_fields_and_command(app_factory, recorded_r
         fields = _text(app, "#preset-fields")
         assert "builtin:tiny-qwen3" in fields and "num_generations" in fields
         command = _text(app, "#preset-command")
-        assert "accelerate.commands.launch" in command and "--config_file" in command
+        assert "grpo_tui.launch.launcher" in command and "--config_file" in command
         assert "ACCELERATE_USE_CPU=true" in command  # tiny-cpu trains on the CPU
         table = screen.query_one(RunsTable)
         await wait_for(pilot, lambda: len(table.runs) == 1)
