@@ -102,3 +102,26 @@ def test_one_colour_per_state_for_list_and_badge() -> None:
     assert status_style("running") == status_style("running", badge=True) == "bold green"
     assert status_style("lost") == "red" and status_style("unknown") == "" and status_style("?", badge=True) == "bold"
     assert all(status_style(state) for state in RunStatus)
+
+
+def test_live_rank_pids_keeps_live_ranks_created_before_the_start_event(tmp_path: Path) -> None:
+    from grpo_tui.launch import process_group, stacks
+    from grpo_tui.runs.status import live_rank_pids
+
+    me, dead = os.getpid(), _dead_pid()
+    metrics = tmp_path / "metrics.jsonl"
+
+    def start(when: float, pids: list[int]) -> None:
+        ranks = [{"rank": i, "pid": p} for i, p in enumerate(pids)]
+        metrics.write_text(json.dumps({"v": 1, "event": "start", "time": when, "ranks": ranks}) + "\n")
+
+    start(time.time(), [me, dead, "x"])
+    assert live_rank_pids(metrics) == [me]
+    start(psutil.Process(me).create_time() - 60, [me])  # the id names a later process: not the rank
+    assert live_rank_pids(metrics) == []
+    metrics.write_text(json.dumps({"v": 1, "event": "start", "time": time.time(), "pid": me}) + "\n")
+    assert live_rank_pids(metrics) == [me]  # one process, no ranks list
+    assert live_rank_pids(tmp_path / "none.jsonl") == []
+    # The group check and the stack dump ask the same function (pytest is not the trainer: no stacks).
+    assert stacks.rank_pids(tmp_path) == []
+    assert process_group.live_rank_pids is live_rank_pids and stacks.live_rank_pids is live_rank_pids
