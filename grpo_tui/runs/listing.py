@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from grpo_tui.runs.folder import list_runs, read_json
+from grpo_tui.runs.folder import RunDir, list_runs
 from grpo_tui.runs.metrics import as_float, as_int, step_records, tail_records
 from grpo_tui.runs.status import RunStatus, judge
 
@@ -17,7 +17,7 @@ from grpo_tui.runs.status import RunStatus, judge
 def read_config(run_dir: Path) -> dict[str, Any]:
     """The run's resolved config.toml as a dict ({} when missing or unreadable)."""
     try:
-        with open(Path(run_dir) / "config.toml", "rb") as handle:
+        with open(RunDir(Path(run_dir)).config, "rb") as handle:
             return tomllib.load(handle)
     except (OSError, tomllib.TOMLDecodeError):
         return {}
@@ -42,19 +42,20 @@ class RunInfo:
 
 def run_info(run_path: Path) -> RunInfo:
     """Status (with its reason), preset, start time, steps so far, last reward and loss of one run folder."""
-    meta = read_json(run_path / "run.json") or {}
-    tail = tail_records(run_path / "metrics.jsonl")
-    verdict = judge(run_path, meta=meta, tail=tail)
+    run = RunDir(Path(run_path))
+    meta = run.read_status()
+    tail = tail_records(run.metrics)
+    verdict = judge(run.path, meta=meta, tail=tail)
     steps = step_records(tail)
     last = steps[-1] if steps else {}
     started = as_float(meta.get("started"))
     if started is None:
         starts = [r for r in tail if r.get("event") == "start"]
         started = as_float(starts[0].get("time")) if starts else as_float(meta.get("created"))
-    preset = str(meta.get("preset") or "") or read_config(run_path).get("name", "")
+    preset = str(meta.get("preset") or "") or read_config(run.path).get("name", "")
     return RunInfo(
         path=run_path,
-        name=run_path.name,
+        name=run.name,
         status=verdict.state,
         preset=str(preset),
         started=started,
