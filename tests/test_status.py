@@ -96,6 +96,23 @@ def test_cli_app_and_control_agree(
             assert f"the run is {expected};" in err
 
 
+def test_the_live_runs_scan_agrees_with_the_full_one_and_skips_recorded_outcomes(
+    tmp_path: Path, runs: dict[str, tuple[RunStatus, str | None]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from grpo_tui.runs import listing
+    from grpo_tui.runs.status import LIVE_STATES
+
+    root = tmp_path / "runs"
+    make_run(root / "i-finished", steps=3)  # run.json records it: its stream need not be read
+    live = [r for r in listing.scan_runs(root) if r.status in LIVE_STATES]
+    tails = []
+    real = listing.tail_records
+    monkeypatch.setattr(listing, "tail_records", lambda path: tails.append(Path(path).parent.name) or real(path))
+    assert listing.scan_live_runs(root) == live
+    assert [r.name for r in live] == ["g-starting", "c-submitted-with-records", "b-trainer-outlives-supervisor"]
+    assert "i-finished" not in tails and "h-stopped" not in tails
+
+
 def test_one_colour_per_state_for_list_and_badge() -> None:
     # the runs list and the dashboard's badge draw a state in the same colour; a badge is always bold
     assert status_style("finished") == "blue" and status_style("finished", badge=True) == "bold blue"

@@ -96,7 +96,7 @@ def judge(
     run = RunDir(Path(run_dir))
     meta = run.read_status() if meta is None else meta
     tail = tail_records(run.metrics) if tail is None else tail
-    recorded = _recorded(meta)
+    recorded = recorded_state(meta)
     if recorded is RunStatus.SUBMITTED:
         return stream_verdict(tail) if tail else StatusVerdict(RunStatus.SUBMITTED, None)
     if recorded in ENDED_STATES:
@@ -118,8 +118,9 @@ def judge(
     return StatusVerdict(RunStatus.LOST, "no process of the run is alive and its stream has no end")
 
 
-def _recorded(meta: dict[str, Any]) -> RunStatus | None:
-    """run.json's state, or None when absent or not one the supervisor writes."""
+def recorded_state(meta: dict[str, Any]) -> RunStatus | None:
+    """run.json's state, or None when absent or not one the supervisor writes; a state in ENDED_STATES
+    is the verdict (`judge` looks no further)."""
     try:
         state = RunStatus(str(meta.get("status") or meta.get("state") or ""))
     except ValueError:
