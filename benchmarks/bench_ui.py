@@ -9,7 +9,9 @@
    first view while the history loads); the first dashboard view (`DashboardFeed.poll`) when the
    UI is installed. Wall and CPU seconds: on a shared machine wall time includes waiting for a core.
 2. nvml: `Monitor.sample()` cost per GPU (target < 1 ms); without NVML, the cost of the host-only path.
-3. live: the app headless on a run that a separate process (`python -m grpo_tui.tools.demo live`) extends
+3. runs: finding the running runs among --runs run folders (the app's re-attach on start): the full
+   `scan_runs` against `scan_live_runs`.
+4. live: the app headless on a run that a separate process (`python -m grpo_tui.tools.demo live`) extends
    at --live-hz, for --live-seconds: dashboard updates per second, chart redraws per second and the
    UI process's CPU use (target >= 2 Hz at < 10% of one core). Also on top of a --steps-long run.
 """
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import platform
@@ -134,6 +137,24 @@ def _feed_poll(run_path: Path, polls: int = 20) -> dict[str, Any] | str:
     }
 
 
+def bench_runs(count: int, repeats: int, work: Path) -> dict[str, Any]:
+    """Finding the live runs among `count` run folders (two live, the rest finished), as the app does on
+    start: the full `scan_runs` against `scan_live_runs`, which passes over recorded outcomes."""
+    from grpo_tui.runs import listing
+
+    folder = work / f"runs-{count}"
+    for i in range(count):
+        live = {"finished": False, "pid": os.getpid(), "pid_started": _create_time()} if i >= count - 2 else {}
+        make_run(folder / f"20260101-{i:06d}-tiny-cpu", steps=200, **live)  # this process stands in for a live one
+    out: dict[str, Any] = {"runs": count}
+    for name in ("scan_runs", "scan_live_runs"):
+        scan = getattr(listing, name, None)
+        if scan is not None:
+            timing, found = _timed(functools.partial(scan, folder), repeats)
+            out[name] = {**timing, "running": sum(r.status == "running" for r in found)}
+    return out
+
+
 def bench_nvml(samples: int) -> dict[str, Any]:
     monitor = Monitor()
     first = time.perf_counter()
@@ -226,10 +247,13 @@ async def _drive(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", nargs="*", choices=("load", "nvml", "live"), default=("load", "nvml", "live"))
+    parser.add_argument(
+        "--only", nargs="*", choices=("load", "nvml", "live", "runs"), default=("load", "nvml", "live", "runs")
+    )
     parser.add_argument("--steps", type=int, default=100_000, help="logged steps of the long run")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--nvml-samples", type=int, default=200)
+    parser.add_argument("--runs", type=int, default=200, help="run folders for the live-runs lookup")
     parser.add_argument("--live-seconds", type=float, default=10.0)
     parser.add_argument("--live-hz", type=float, default=2.0)
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "ui-cpu.json")
@@ -254,6 +278,9 @@ def main(argv: list[str] | None = None) -> int:
         if "nvml" in args.only:
             results["nvml"] = bench_nvml(args.nvml_samples)
             print("nvml:", json.dumps(results["nvml"]), flush=True)
+        if "runs" in args.only:
+            results["runs"] = bench_runs(args.runs, args.repeats, work)
+            print("runs:", json.dumps(results["runs"]), flush=True)
         if "live" in args.only:
             results["live"] = [bench_live(args.live_seconds, args.live_hz, base, work) for base in (50, args.steps)]
             print("live:", json.dumps(results["live"]), flush=True)

@@ -286,7 +286,7 @@ def _cmd_presets_show(args: argparse.Namespace) -> int:
 
 
 def _cmd_presets_validate(args: argparse.Namespace) -> int:
-    from grpo_tui.config.checks import check_preset
+    from grpo_tui.config.checks import check_preset, environment_errors
     from grpo_tui.config.schema import PresetError
     from grpo_tui.config.store import load_preset
     from grpo_tui.config.types import clip
@@ -302,12 +302,11 @@ def _cmd_presets_validate(args: argparse.Namespace) -> int:
             continue
         path = clip(str(found))
         static = check_preset(preset, environment=False)
-        here = check_preset(preset)
         for line in static.errors:
             print(f"{path}: {line}", file=sys.stderr)
         for line in static.notes:
             print(f"{path}: note: {line}", file=sys.stderr)
-        for line in (e for e in here.errors if e not in static.errors):
+        for line in environment_errors(preset):
             print(f"{path}: warning (on this machine): {line}", file=sys.stderr)
         failed = failed or bool(static.errors)
         if not static.errors:

@@ -153,20 +153,23 @@ def table(records: list[dict]) -> str:
     for b in batches:
         floor = get.get(("floor", b), {}).get("ms")
         trl = get.get(("trl", b), {}).get("ms")
-        cells = []
-        for p in provs:
-            r = get.get((p, b))
-            if r is None or r.get("ms") is None:
-                cells.append(r.get("error", "n/a") if r else "n/a")
-                continue
-            cell = f"{r['ms']:.1f} ms / {r['extra_peak_mib']:,.0f} MiB"
-            if floor and p != "floor":
-                cell += f" ({r['ms'] / floor:.2f}x floor"
-                cell += f", {trl / r['ms']:.2f}x faster than trl)" if trl and p.startswith("chunked") else ")"
-            cells.append(cell)
+        cells = [cell(p, get.get((p, b)), floor, trl) for p in provs]
         tokens = get[next((p, b) for p in provs if (p, b) in get)]["tokens"]
         lines.append(f"| {b} ({tokens:,}) | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def cell(provider: str, record: dict | None, floor: float | None, trl: float | None) -> str:
+    """One table cell: ms / extra MiB, with the ratio to the floor and (ours) the speed-up over trl;
+    the error, or n/a, when the provider has no time there."""
+    if record is None or record.get("ms") is None:
+        return record.get("error", "n/a") if record else "n/a"
+    ms = record["ms"]
+    text = f"{ms:.1f} ms / {record['extra_peak_mib']:,.0f} MiB"
+    if floor and provider != "floor":
+        text += f" ({ms / floor:.2f}x floor"
+        text += f", {trl / ms:.2f}x faster than trl)" if trl and provider.startswith("chunked") else ")"
+    return text
 
 
 def int_list(text: str, option: str) -> list[int]:

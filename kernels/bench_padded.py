@@ -133,18 +133,9 @@ def table(records: list[dict]) -> str:
     for key in keys:
         floor = get.get((*key, "floor"), {}).get("ms")
         trl = get.get((*key, "trl"), {}).get("ms")
-        cells, shape = [], ""
-        for p in provs:
-            r = get.get((*key, p))
-            if r is None or r.get("ms") is None:
-                cells.append(r.get("error", "n/a") if r else "n/a")
-                continue
-            shape = f" ({r['padding_frac']:.1%} of {r['batch']} x {r['seq']})"
-            cell = f"{r['ms']:.1f} ms / {r['extra_peak_mib']:,.0f} MiB"
-            if floor and p != "floor":
-                cell += f" ({r['ms'] / floor:.2f}x floor"
-                cell += f", {trl / r['ms']:.2f}x faster than trl)" if trl and p.startswith("chunked") else ")"
-            cells.append(cell)
+        cells = [bench.cell(p, get.get((*key, p)), floor, trl) for p in provs]
+        timed = [r for p in provs if (r := get.get((*key, p))) is not None and r.get("ms") is not None]
+        shape = f" ({timed[-1]['padding_frac']:.1%} of {timed[-1]['batch']} x {timed[-1]['seq']})" if timed else ""
         label = key[2] if key[2] != "real" else "real lengths"
         lines.append(f"| {key[0]} | {key[1]:,} | {label}{shape} | " + " | ".join(cells) + " |")
     return "\n".join(lines)

@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from grpo_tui.runs.metrics import read_records
 from grpo_tui.tools.bench_memory import _impl_list, _int_list, _summarise, find_max_batch
 
 
@@ -44,7 +45,7 @@ def test_summarise_reads_phase_peaks_step_time_and_oom(tmp_path):
     ]
     path = tmp_path / "metrics.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in recs) + '{"step": 3, "trunc')
-    phases, peak, step_s, oom = _summarise(tmp_path)
+    phases, peak, step_s, oom = _summarise(read_records(path))
     assert phases == {"generation": 4.0, "loss": 3.0}
     assert peak == 4.0
     assert step_s == 2.0  # the first (warm-up) step is left out

@@ -396,6 +396,22 @@ def test_validate_reports_machine_problems_as_warnings(
     assert "warning (on this machine): distributed.num_processes: got 1; 0 GPU(s) visible" in err
 
 
+def test_validate_reads_the_data_once_and_checks_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The first row may be a parquet read (pyarrow import, file open): the template and the rewards share one.
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"prompt": "1+1", "answer": "2"}\n')
+    path = write(tmp_path, f'[data]\nsource = "{data}"\nprompt_template = "{{prompt}}"\n')
+    reads = []
+    real = checks.first_row
+    monkeypatch.setattr(checks, "first_row", lambda source: reads.append(source) or real(source))
+    monkeypatch.setattr(checks, "visible_gpu_count", lambda: 0)
+    assert main(["presets", "validate", str(path)]) == 0
+    assert reads == [str(data)]  # one check run, one read (not one per check, nor per machine)
+    assert "warning (on this machine): distributed.num_processes" in capsys.readouterr().err
+
+
 def test_sub_batches_that_cover_the_rollout_are_notes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     text = "[grpo]\nper_device_batch_size = 8\ngradient_accumulation_steps = 2\n"
     noop = write(tmp_path, text + "generation_sub_batch = 16\nscoring_sub_batch = 8\n")

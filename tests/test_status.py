@@ -96,9 +96,49 @@ def test_cli_app_and_control_agree(
             assert f"the run is {expected};" in err
 
 
+def test_the_live_runs_scan_agrees_with_the_full_one_and_skips_recorded_outcomes(
+    tmp_path: Path, runs: dict[str, tuple[RunStatus, str | None]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from grpo_tui.runs import listing
+    from grpo_tui.runs.status import LIVE_STATES
+
+    root = tmp_path / "runs"
+    make_run(root / "i-finished", steps=3)  # run.json records it: its stream need not be read
+    live = [r for r in listing.scan_runs(root) if r.status in LIVE_STATES]
+    tails = []
+    real = listing.tail_records
+    monkeypatch.setattr(listing, "tail_records", lambda path: tails.append(Path(path).parent.name) or real(path))
+    assert listing.scan_live_runs(root) == live
+    assert [r.name for r in live] == ["g-starting", "c-submitted-with-records", "b-trainer-outlives-supervisor"]
+    assert "i-finished" not in tails and "h-stopped" not in tails
+
+
 def test_one_colour_per_state_for_list_and_badge() -> None:
     # the runs list and the dashboard's badge draw a state in the same colour; a badge is always bold
     assert status_style("finished") == "blue" and status_style("finished", badge=True) == "bold blue"
     assert status_style("running") == status_style("running", badge=True) == "bold green"
     assert status_style("lost") == "red" and status_style("unknown") == "" and status_style("?", badge=True) == "bold"
     assert all(status_style(state) for state in RunStatus)
+
+
+def test_live_rank_pids_keeps_live_ranks_created_before_the_start_event(tmp_path: Path) -> None:
+    from grpo_tui.launch import process_group, stacks
+    from grpo_tui.runs.status import live_rank_pids
+
+    me, dead = os.getpid(), _dead_pid()
+    metrics = tmp_path / "metrics.jsonl"
+
+    def start(when: float, pids: list[int]) -> None:
+        ranks = [{"rank": i, "pid": p} for i, p in enumerate(pids)]
+        metrics.write_text(json.dumps({"v": 1, "event": "start", "time": when, "ranks": ranks}) + "\n")
+
+    start(time.time(), [me, dead, "x"])
+    assert live_rank_pids(metrics) == [me]
+    start(psutil.Process(me).create_time() - 60, [me])  # the id names a later process: not the rank
+    assert live_rank_pids(metrics) == []
+    metrics.write_text(json.dumps({"v": 1, "event": "start", "time": time.time(), "pid": me}) + "\n")
+    assert live_rank_pids(metrics) == [me]  # one process, no ranks list
+    assert live_rank_pids(tmp_path / "none.jsonl") == []
+    # The group check and the stack dump ask the same function (pytest is not the trainer: no stacks).
+    assert stacks.rank_pids(tmp_path) == []
+    assert process_group.live_rank_pids is live_rank_pids and stacks.live_rank_pids is live_rank_pids

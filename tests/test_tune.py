@@ -128,15 +128,42 @@ def test_bad_input_is_one_line(args, expected, capsys) -> None:
     assert len(err.splitlines()) == 1 and expected in err and err.startswith("grpo-tui tune:")
 
 
-def test_measure_run_uses_the_last_step_wall_time(tmp_path) -> None:
-    records = [
-        {"v": 1, "event": "start", "time": 0.0},
+def test_measure_steps_uses_the_last_step_wall_time() -> None:
+    steps = [
         {"v": 1, "step": 1, "time": 10.0, "step_time": 9.0, "completions/mean_length": 3.0},
         {"v": 1, "step": 2, "time": 12.0, "step_time": 1.5, "completions/mean_length": 4.0},
     ]
-    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-    step_s, rate = tune.measure_run(tmp_path, completions_per_step=16)
+    step_s, rate = tune.measure_steps(steps, completions_per_step=16)
     assert step_s == 2.0 and math.isclose(rate, 4.0 * 16 / 2.0)
+    assert tune.measure_steps([], completions_per_step=16) == (None, None)  # no run folder appeared
+
+
+def test_a_trial_reads_its_metrics_once(tmp_path, monkeypatch) -> None:
+    import subprocess
+
+    from grpo_tui.config.store import load_preset
+    from grpo_tui.runs import metrics
+    from grpo_tui.tools import bench_memory
+    from grpo_tui.tools.demo import make_run
+
+    def fake_run(argv, **kwargs):  # the trial's `grpo-tui run`: a finished run folder appears
+        make_run(tmp_path / "runs" / "20260101-000000-tiny-cpu", steps=3)
+        return subprocess.CompletedProcess(argv, 0, "", "")
+
+    reads = []
+    real = bench_memory.read_records
+    monkeypatch.setattr(bench_memory.subprocess, "run", fake_run)
+
+    def counted(path):  # one counter for both names the stream can be read by
+        reads.append(path)
+        return real(path)
+
+    monkeypatch.setattr(bench_memory, "read_records", counted)
+    monkeypatch.setattr(metrics, "read_records", counted)
+    preset = load_preset("tiny-cpu")[0]
+    got = tune.real_runner("tiny-cpu", preset, [], 8.0, 3, tmp_path / "runs")({}, 600.0)
+    assert got.ok and got.step_s is not None and got.tokens_per_s is not None
+    assert len(reads) == 1
 
 
 @pytest.fixture

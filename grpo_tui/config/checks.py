@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from grpo_tui.config.schema import Preset
 from grpo_tui.config.types import ECHO_LIMIT, clip, shorten
@@ -45,11 +47,28 @@ def check_preset(preset: Preset, environment: bool = True, visible_gpus: int | N
     _check_loss(preset, result)
     _check_distributed(preset, result)
     _check_model(preset, result)
-    _check_data(preset, result)
-    _check_rewards(preset, result)
+    # Read once: a parquet row costs a pyarrow import and a file open; the template and rewards both need it.
+    row = first_row(preset.data.source)
+    _check_data(preset, result, row)
+    _check_rewards(preset, result, row)
     if environment:
-        _check_gpus(preset, result, visible_gpus)
+        result.errors += environment_errors(preset, visible_gpus)
     return result
+
+
+def environment_errors(preset: Preset, visible_gpus: int | None = None) -> list[str]:
+    """The errors only this machine causes (too few GPUs): `check_preset`'s difference between
+    `environment=True` and `False`, for a caller that shows both without running every check twice."""
+    d = preset.distributed
+    if d.use_cpu:
+        return []
+    seen = visible_gpu_count() if visible_gpus is None else visible_gpus
+    if d.num_processes > seen:
+        return [
+            f"distributed.num_processes: got {d.num_processes}; {seen} GPU(s) visible on this machine "
+            "(one process per GPU; or set distributed.use_cpu=true)"
+        ]
+    return []
 
 
 def generation_batch(preset: Preset) -> int:
@@ -164,7 +183,7 @@ def _check_model(preset: Preset, result: CheckResult) -> None:
         )
 
 
-def _check_data(preset: Preset, result: CheckResult) -> None:
+def _check_data(preset: Preset, result: CheckResult, row: Mapping[str, Any] | None) -> None:
     source = preset.data.source
     allowed = "builtin:addition, a hub id (openai/gsm8k), or a local .jsonl/.json/.parquet file"
     if source.startswith("builtin:"):
@@ -183,7 +202,7 @@ def _check_data(preset: Preset, result: CheckResult) -> None:
         elif _looks_local(source) or not HUB_ID_RE.match(source):
             result.errors.append(f"data.source: got {shorten(source)}; allowed: {allowed}")
     # Tried on the first row where it is known, else for its form alone; the trainer checks again.
-    problem = template_problem(preset.data.prompt_template, first_row(source), echo=shorten)
+    problem = template_problem(preset.data.prompt_template, row, echo=shorten)
     if problem:
         result.errors.append(f"data.prompt_template: {problem}")
 
@@ -200,8 +219,7 @@ def _exists(path: Path, file: bool = False) -> bool:
         return False
 
 
-def _check_rewards(preset: Preset, result: CheckResult) -> None:
-    row = first_row(preset.data.source)
+def _check_rewards(preset: Preset, result: CheckResult, row: Mapping[str, Any] | None) -> None:
     columns = set(row) - {"prompt"} if row is not None else None  # TRL passes every column but the prompt
     for index, spec in enumerate(preset.rewards.functions):
         where = f"rewards.functions.{index}.name"
@@ -216,18 +234,6 @@ def _check_rewards(preset: Preset, result: CheckResult) -> None:
             problem = str(exc).removeprefix("rewards.functions.name: ")
         if problem:
             result.errors.append(f"{where}: got {shorten(spec.name)}; {clip(problem, 3 * ECHO_LIMIT)}")
-
-
-def _check_gpus(preset: Preset, result: CheckResult, visible: int | None) -> None:
-    d = preset.distributed
-    if d.use_cpu:
-        return
-    seen = visible_gpu_count() if visible is None else visible
-    if d.num_processes > seen:
-        result.errors.append(
-            f"distributed.num_processes: got {d.num_processes}; {seen} GPU(s) visible on this machine "
-            "(one process per GPU; or set distributed.use_cpu=true)"
-        )
 
 
 def visible_gpu_count() -> int:

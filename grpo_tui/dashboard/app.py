@@ -101,9 +101,9 @@ class GrpoTuiApp(App[int]):
 
     @work(thread=True, group="attach")
     def _find_running(self) -> None:
-        from grpo_tui.runs.listing import scan_runs
+        from grpo_tui.runs.listing import scan_live_runs
 
-        running = [r for r in scan_runs(self.runs.path) if r.status == "running"]
+        running = [r for r in scan_live_runs(self.runs.path) if r.status == "running"]
         if running:
             self.call_from_thread(self._attach, running[0].path, len(running))
 

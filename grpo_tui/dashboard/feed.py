@@ -22,7 +22,7 @@ from grpo_tui.dashboard.loading import load_recent, load_run
 from grpo_tui.dashboard.monitor import GpuHistory, MonitorSnapshot
 from grpo_tui.dashboard.state import PEAK_MIB, RunState, phase_series
 from grpo_tui.runs.completions import CompletionIndex, PromptGroup
-from grpo_tui.runs.folder import RunDir, read_json
+from grpo_tui.runs.folder import RunDir, file_stamp, read_json
 from grpo_tui.runs.heartbeat import HeartbeatReader
 from grpo_tui.runs.listing import read_config
 from grpo_tui.runs.metrics import GENERATION_BACKEND_KEY, GENERATION_RATE_KEY, PHASES, STEP_TIME_KEY, phase_time_key
@@ -125,6 +125,10 @@ class DashboardFeed:
     _baseline: str = "naive"
     _alert_log: AlertLog = field(default_factory=AlertLog)
     _heartbeats: HeartbeatReader | None = None
+    # control.json as last read, and the (mtime_ns, size) it was read at: re-read only when it changed.
+    _control: dict[str, Any] = field(default_factory=dict)
+    _control_stamp: tuple[int, int] | None = (-1, -1)
+    _phases: dict[str, dict[str, float | None]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.run = RunDir(Path(self.run_path))
@@ -175,8 +179,9 @@ class DashboardFeed:
         )
         self._alert_log.update(detect_alerts(state, snapshot, now=now, heartbeats=beats))
         key = (len(state), len(state.events))  # new steps, or a switch marker to draw
-        if key != self._chart_key:
+        if key != self._chart_key:  # the phase table, too, changes only with new records
             self._charts = build_charts(state)
+            self._phases = phase_rows(state)
             self._chart_key = key
             self._generation += 1
         return self._view(state, snapshot, now)
@@ -195,7 +200,7 @@ class DashboardFeed:
             loss_impl=state.loss_impl or None,
             generation=generation_label(state),
         )
-        control = read_json(self.run.control) or {}
+        control = self._read_control()
         live = self._status in LIVE_STATES
         pending = control.get("loss_impl") if live and control.get("loss_impl") != state.loss_impl else None
         switches = state.switch_steps
@@ -214,7 +219,7 @@ class DashboardFeed:
             run_peaks=_run_peaks(state),
             rank_pids=dict(state.pid_rank),
             step_peaks=_recent_peaks(state),
-            phases=phase_rows(state),
+            phases=self._phases,
             switch_label=label,
             loss_impl=state.loss_impl,
             baseline=self._baseline,
@@ -227,6 +232,13 @@ class DashboardFeed:
             generation=self._generation,
             partial=state.partial,
         )
+
+    def _read_control(self) -> dict[str, Any]:
+        stamp = file_stamp(self.run.control)
+        if stamp != self._control_stamp:
+            self._control = (read_json(self.run.control) or {}) if stamp is not None else {}
+            self._control_stamp = stamp
+        return self._control
 
     def _read_log(self, skip_first: bool = False) -> None:
         try:

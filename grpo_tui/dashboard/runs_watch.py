@@ -4,23 +4,14 @@ without a file changing). Call `scan` from a thread worker about once a second."
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
-from grpo_tui.runs.folder import list_runs
+from grpo_tui.runs.folder import file_stamp, list_runs
 from grpo_tui.runs.listing import RunInfo, run_info
 from grpo_tui.runs.status import LIVE_STATES
 
 # (mtime_ns, size) of run.json and metrics.jsonl; None for a file that is missing.
 FileKey = tuple[tuple[int, int] | None, tuple[int, int] | None]
-
-
-def _stat(path: Path) -> tuple[int, int] | None:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return st.st_mtime_ns, st.st_size
 
 
 class RunsWatcher:
@@ -41,7 +32,7 @@ class RunsWatcher:
         changed = force
         seen: dict[Path, tuple[FileKey, RunInfo]] = {}
         for run in list_runs(runs_dir):
-            key = (_stat(run.path / "run.json"), _stat(run.path / "metrics.jsonl"))
+            key = (file_stamp(run.status), file_stamp(run.metrics))
             old = self.seen.get(run.path)
             if old is not None and old[0] == key and old[1].status not in LIVE_STATES:
                 seen[run.path] = old

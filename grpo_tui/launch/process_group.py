@@ -13,8 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from grpo_tui.runs.folder import RunDir
-from grpo_tui.runs.metrics import as_float, start_event
-from grpo_tui.runs.status import pid_alive
+from grpo_tui.runs.status import live_rank_pids, pid_alive
 
 
 def terminate_group(pgid: int, still_there: Callable[[], bool], grace: float) -> None:
@@ -61,16 +60,8 @@ def run_group(run: RunDir) -> int | None:
         return None
     if status.get("child_pid") == pgid and same_process(pgid, started) and _group_of(pgid) == pgid:
         return pgid
-    start = start_event(run.metrics) or {}
-    ranks = start.get("ranks") if isinstance(start.get("ranks"), list) else []
-    for rank in ranks:
-        pid = rank.get("pid") if isinstance(rank, dict) else None
-        if (
-            pid_alive(pid, None, as_float(start.get("time")))
-            and _created_after(pid, started)
-            and _group_of(pid) == pgid
-        ):
-            return pgid
+    if any(_created_after(pid, started) and _group_of(pid) == pgid for pid in live_rank_pids(run.metrics)):
+        return pgid
     return None
 
 

@@ -14,8 +14,7 @@ from typing import NamedTuple
 
 from grpo_tui.runs.folder import RunDir
 from grpo_tui.runs.heartbeat import STACK_DUMP_SIGNAL
-from grpo_tui.runs.metrics import as_float, start_event
-from grpo_tui.runs.status import pid_alive
+from grpo_tui.runs.status import live_rank_pids
 
 # What a rank's command line holds (launch/command.py starts `-m grpo_tui.train`).
 TRAIN_MODULE_ARG = "grpo_tui.train"
@@ -23,15 +22,7 @@ TRAIN_MODULE_ARG = "grpo_tui.train"
 
 def rank_pids(run_path: Path) -> list[int]:
     """The pids of the run's ranks that run here and may be signalled (see the module docstring)."""
-    start = start_event(RunDir(Path(run_path)).metrics) or {}
-    ranks = start.get("ranks") if isinstance(start.get("ranks"), list) else []
-    when = as_float(start.get("time"))
-    found = []
-    for rank in ranks:
-        pid = rank.get("pid") if isinstance(rank, dict) else None
-        if when is not None and pid_alive(pid, None, when) and _runs_trainer(pid):
-            found.append(pid)
-    return found
+    return [pid for pid in live_rank_pids(RunDir(Path(run_path)).metrics) if _runs_trainer(pid)]
 
 
 def _runs_trainer(pid: int) -> bool:

@@ -83,6 +83,15 @@ def read_json(path: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
+def file_stamp(path: Path) -> tuple[int, int] | None:
+    """(mtime_ns, size) of `path`, None when it is missing: a reader re-parses a file only when this changed."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None
+    return info.st_mtime_ns, info.st_size
+
+
 def sanitize_name(name: str) -> str:
     cleaned = re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip(".-")
     return cleaned[:64] or "run"

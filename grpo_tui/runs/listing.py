@@ -9,15 +9,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from grpo_tui.runs.folder import list_runs, read_json
+from grpo_tui.runs.folder import RunDir, list_runs
 from grpo_tui.runs.metrics import as_float, as_int, step_records, tail_records
-from grpo_tui.runs.status import RunStatus, judge
+from grpo_tui.runs.status import ENDED_STATES, LIVE_STATES, RunStatus, judge, recorded_state
 
 
 def read_config(run_dir: Path) -> dict[str, Any]:
     """The run's resolved config.toml as a dict ({} when missing or unreadable)."""
     try:
-        with open(Path(run_dir) / "config.toml", "rb") as handle:
+        with open(RunDir(Path(run_dir)).config, "rb") as handle:
             return tomllib.load(handle)
     except (OSError, tomllib.TOMLDecodeError):
         return {}
@@ -40,21 +40,23 @@ class RunInfo:
     reason: str | None = None  # why it failed / was lost, one line
 
 
-def run_info(run_path: Path) -> RunInfo:
-    """Status (with its reason), preset, start time, steps so far, last reward and loss of one run folder."""
-    meta = read_json(run_path / "run.json") or {}
-    tail = tail_records(run_path / "metrics.jsonl")
-    verdict = judge(run_path, meta=meta, tail=tail)
+def run_info(run_path: Path, meta: dict[str, Any] | None = None) -> RunInfo:
+    """Status (with its reason), preset, start time, steps so far, last reward and loss of one run folder
+    (`meta`: its run.json when the caller has read it already)."""
+    run = RunDir(Path(run_path))
+    meta = run.read_status() if meta is None else meta
+    tail = tail_records(run.metrics)
+    verdict = judge(run.path, meta=meta, tail=tail)
     steps = step_records(tail)
     last = steps[-1] if steps else {}
     started = as_float(meta.get("started"))
     if started is None:
         starts = [r for r in tail if r.get("event") == "start"]
         started = as_float(starts[0].get("time")) if starts else as_float(meta.get("created"))
-    preset = str(meta.get("preset") or "") or read_config(run_path).get("name", "")
+    preset = str(meta.get("preset") or "") or read_config(run.path).get("name", "")
     return RunInfo(
         path=run_path,
-        name=run_path.name,
+        name=run.name,
         status=verdict.state,
         preset=str(preset),
         started=started,
@@ -70,3 +72,18 @@ def run_info(run_path: Path) -> RunInfo:
 def scan_runs(runs_dir: str | os.PathLike[str]) -> list[RunInfo]:
     """Every run folder under `runs_dir`, newest first."""
     return [run_info(run.path) for run in list_runs(Path(runs_dir))]
+
+
+def scan_live_runs(runs_dir: str | os.PathLike[str]) -> list[RunInfo]:
+    """The runs under `runs_dir` that are starting or running, newest first: what `scan_runs` finds
+    live, for less. A run whose run.json records an outcome is passed over on that small file alone
+    (`judge` would say the same without its stream), so only the few others are read in full."""
+    found = []
+    for run in list_runs(Path(runs_dir)):
+        meta = run.read_status()
+        if recorded_state(meta) in ENDED_STATES:
+            continue
+        info = run_info(run.path, meta)
+        if info.status in LIVE_STATES:
+            found.append(info)
+    return found

@@ -25,7 +25,7 @@ from typing import Any, NamedTuple
 import psutil
 
 from grpo_tui.runs.failures import event_reason
-from grpo_tui.runs.folder import read_json
+from grpo_tui.runs.folder import RunDir
 from grpo_tui.runs.metrics import as_float, start_event, tail_records
 
 
@@ -93,11 +93,10 @@ def judge(
         tail: The records at the end of its metrics.jsonl (`tail_records`) when read already.
         now: The time (for the starting grace); time.time() by default.
     """
-    root = Path(run_dir)
-    metrics = root / "metrics.jsonl"
-    meta = (read_json(root / "run.json") or {}) if meta is None else meta
-    tail = tail_records(metrics) if tail is None else tail
-    recorded = _recorded(meta)
+    run = RunDir(Path(run_dir))
+    meta = run.read_status() if meta is None else meta
+    tail = tail_records(run.metrics) if tail is None else tail
+    recorded = recorded_state(meta)
     if recorded is RunStatus.SUBMITTED:
         return stream_verdict(tail) if tail else StatusVerdict(RunStatus.SUBMITTED, None)
     if recorded in ENDED_STATES:
@@ -108,7 +107,7 @@ def judge(
     verdict = stream_verdict(tail)
     if verdict.state is not RunStatus.RUNNING:
         return verdict
-    if processes_alive(meta, metrics):
+    if processes_alive(meta, run.metrics):
         return StatusVerdict(recorded or RunStatus.RUNNING, None)
     created = as_float(meta.get("created"))
     clock = time.time() if now is None else now
@@ -119,8 +118,9 @@ def judge(
     return StatusVerdict(RunStatus.LOST, "no process of the run is alive and its stream has no end")
 
 
-def _recorded(meta: dict[str, Any]) -> RunStatus | None:
-    """run.json's state, or None when absent or not one the supervisor writes."""
+def recorded_state(meta: dict[str, Any]) -> RunStatus | None:
+    """run.json's state, or None when absent or not one the supervisor writes; a state in ENDED_STATES
+    is the verdict (`judge` looks no further)."""
     try:
         state = RunStatus(str(meta.get("status") or meta.get("state") or ""))
     except ValueError:
@@ -169,12 +169,20 @@ def processes_alive(meta: dict[str, Any], metrics: Path) -> bool:
         return True
     if isinstance(meta.get("pid"), int):
         return False
+    return bool(live_rank_pids(metrics))
+
+
+def live_rank_pids(metrics: Path) -> list[int]:
+    """The pids of the ranks the stream's start event names that run here: alive, not zombies, and
+    created by that event's time (a later process reusing the id is not the rank). The one reading
+    of "the run's live ranks" for the status, the process group check and the stack dump."""
     start = start_event(metrics)
     if start is None:
-        return False
+        return []
+    # A start event without a `ranks` list (a single process) names its own pid.
     ranks = start.get("ranks") if isinstance(start.get("ranks"), list) else [start]
     when = as_float(start.get("time"))
-    return any(pid_alive(r.get("pid"), None, when) for r in ranks if isinstance(r, dict))
+    return [r["pid"] for r in ranks if isinstance(r, dict) and pid_alive(r.get("pid"), None, when)]
 
 
 def pid_alive(pid: Any, identity: float | None = None, started: float | None = None) -> bool:

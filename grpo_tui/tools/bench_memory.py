@@ -18,7 +18,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from grpo_tui.config.cli_args import add_set_option
 from grpo_tui.config.schema import LOSS_IMPLS
@@ -44,6 +44,14 @@ class Trial:
     wall_s: float = 0.0
 
 
+class TrialRun(NamedTuple):
+    """`run_trial`'s answer: the trial, and its run's step records for a caller that measures more
+    (read once with the trial's own summary; empty when no run folder appeared)."""
+
+    trial: Trial
+    steps: list[dict[str, Any]]
+
+
 def _int_list(text: str) -> list[int]:
     try:
         values = [int(v) for v in text.split(",") if v.strip()]
@@ -62,9 +70,10 @@ def _impl_list(text: str) -> list[str]:
     return impls
 
 
-def _summarise(run_dir: Path) -> tuple[dict[str, float], float | None, float | None, dict[str, Any] | None]:
+def _summarise(
+    records: list[dict[str, Any]],
+) -> tuple[dict[str, float], float | None, float | None, dict[str, Any] | None]:
     """Per-phase peaks (max over steps, GiB), whole-step peak, median step time and the oom event."""
-    records = read_records(run_dir / "metrics.jsonl")
     steps = step_records(records)
     oom = next((r for r in records if r.get("event") == "oom"), None)
     phases: dict[str, float] = {}
@@ -94,7 +103,7 @@ def run_trial(
     extra_sets: list[str],
     memory_cap_gib: float | None = None,
     timeout_s: float = 1800.0,
-) -> Trial:
+) -> TrialRun:
     """Run PRESET for `steps` steps at per-device batch `batch` with loss.impl `impl`, in a fresh process."""
     argv = [
         sys.executable,
@@ -130,16 +139,18 @@ def run_trial(
     new = sorted(p for p in runs_dir.iterdir() if p.name not in before) if runs_dir.exists() else []
     run_dir = new[-1] if new else None
     trial = Trial(impl=impl, batch=batch, ok=code == 0, reason="" if code == 0 else tail[0], wall_s=round(wall, 1))
+    records: list[dict[str, Any]] = []
     if run_dir is not None:
         trial.run_dir = str(run_dir)
-        phases, peak, step_s, oom = _summarise(run_dir)
+        records = read_records(run_dir / "metrics.jsonl")
+        phases, peak, step_s, oom = _summarise(records)
         trial.phases_gib = {k: round(v, 3) for k, v in phases.items()}
         trial.peak_gib = None if peak is None else round(peak, 3)
         trial.step_s = None if step_s is None else round(step_s, 4)
         if oom is not None:
             trial.ok = False
             trial.oom_phase = str(oom.get("phase"))
-    return trial
+    return TrialRun(trial, step_records(records))
 
 
 def _environment() -> dict[str, Any]:
@@ -235,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     trials: list[Trial] = []
     for batch in args.batch:
         for impl in args.impl:
-            trial = run_trial(args.preset, impl, batch, steps=args.steps, runs_dir=runs_dir, extra_sets=args.sets)
+            trial = run_trial(args.preset, impl, batch, steps=args.steps, runs_dir=runs_dir, extra_sets=args.sets).trial
             trials.append(trial)
             print(
                 f"{impl:8s} batch {batch:4d}: peak {_fmt(trial.peak_gib)} GiB, step {_fmt(trial.step_s)} s"
@@ -325,7 +336,7 @@ def max_batch_main(argv: list[str] | None = None) -> int:
                 runs_dir=runs_dir,
                 extra_sets=args.sets,
                 memory_cap_gib=args.memory_cap,
-            )
+            ).trial
             trials.append(trial)
             print(
                 f"{impl:8s} batch {batch:5d}: {'fits' if trial.ok else 'does not fit'}"

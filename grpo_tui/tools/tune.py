@@ -54,11 +54,11 @@ def as_sets(settings: dict[str, Any]) -> list[str]:
     return [f"{path}={toml_value(value)}" for path, value in settings.items()]
 
 
-def measure_run(run_dir: Path, completions_per_step: int) -> tuple[float | None, float | None]:
-    """(seconds, completion tokens per second) of the run's last step; see the module docstring."""
-    from grpo_tui.runs.metrics import as_float, read_records, step_records
+def measure_steps(steps: list[dict[str, Any]], completions_per_step: int) -> tuple[float | None, float | None]:
+    """(seconds, completion tokens per second) of a run's last step, from its step records; see the
+    module docstring."""
+    from grpo_tui.runs.metrics import as_float
 
-    steps = step_records(read_records(run_dir / "metrics.jsonl"))
     if not steps:
         return None, None
     last = steps[-1]
@@ -85,7 +85,7 @@ def real_runner(
         batch = settings.get(BATCH, preset.grpo.per_device_batch_size)
         accum = settings.get(ACCUM, preset.grpo.gradient_accumulation_steps)
         extra = [*sets, "logging.logging_steps=1", *as_sets({k: v for k, v in settings.items() if k != BATCH})]
-        got = run_trial(
+        got, steps_seen = run_trial(
             preset_arg,
             preset.loss.impl,
             batch,
@@ -95,7 +95,7 @@ def real_runner(
             memory_cap_gib=cap_gib,
             timeout_s=max(60.0, left_s),  # a trial may overrun the budget by a minute at most
         )
-        step_s, rate = measure_run(Path(got.run_dir), batch * accum * processes) if got.run_dir else (None, None)
+        step_s, rate = measure_steps(steps_seen, batch * accum * processes)
         reason = got.reason or (f"OOM in {got.oom_phase}" if got.oom_phase else "")
         oom = got.oom_phase is not None
         return Measurement(got.ok, oom, got.peak_gib, step_s, rate, reason, got.wall_s)

@@ -233,3 +233,17 @@ def test_padded_mode_end_to_end_on_cpu(monkeypatch, tmp_path, capsys):
     assert printed[-14].startswith("| mode | valid tokens | padding (B x T) | floor | trl | chunked |")
     assert printed[-12].startswith("| loss | 16 | 0% (0.0% of 2 x 8) | ")
     assert printed[-1].startswith("| scoring | 24 | real lengths (")
+
+
+def test_padded_table_formats_cells_as_the_plain_one():
+    shape = {"mode": "loss", "valid_tokens": 4096, "padding": "25%", "padding_frac": 0.25, "batch": 8, "seq": 683}
+    recs = [
+        {**shape, "provider": "floor", "ms": 5.0, "extra_peak_mib": 1500.0},
+        {**shape, "provider": "trl", "ms": 9.0, "extra_peak_mib": 1170.0},
+        {**shape, "provider": "naive", "ms": None, "extra_peak_mib": None, "error": "OOM"},
+        {**shape, "provider": "chunked", "ms": 6.0, "extra_peak_mib": 1000.0},
+    ]
+    row = bench_padded.table(recs).splitlines()[2]
+    assert row.startswith("| loss | 4,096 | 25% (25.0% of 8 x 683) | 5.0 ms / 1,500 MiB |")
+    assert "| OOM |" in row and row.endswith("| 6.0 ms / 1,000 MiB (1.20x floor, 1.50x faster than trl) |")
+    assert bench.cell("chunked", recs[3], 5.0, 9.0) == "6.0 ms / 1,000 MiB (1.20x floor, 1.50x faster than trl)"

@@ -198,3 +198,32 @@ async def test_editor_reads_the_preset_folders_once_not_per_keystroke(app_factor
         await pilot.pause()
         assert app.screen.query_one("#f-name", Input).value.endswith("tiny-cpu-x")
         assert len(calls) == opened
+
+
+async def test_editor_runs_the_cross_field_checks_off_the_ui_thread_once_typing_pauses(
+    app_factory, monkeypatch
+) -> None:
+    import threading
+
+    from grpo_tui.config import checks
+
+    threads = []
+    real = checks.check_preset
+    monkeypatch.setattr(
+        checks, "check_preset", lambda *a, **k: threads.append(threading.current_thread()) or real(*a, **k)
+    )
+    app = app_factory()
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        await pilot.press("e")
+        await wait_for(pilot, lambda: isinstance(app.screen, PresetEditorScreen))
+        editor = app.screen
+        await wait_for(pilot, lambda: plain(editor.query_one("#editor-status")).startswith("✓ valid"))
+        threads.clear()
+        editor.query_one("#f-grpo--num_generations", Input).focus()
+        await pilot.press("end", *["backspace"] * 3, "1", "3")  # 13 does not divide the generation batch
+        status = editor.query_one("#editor-status")
+        await wait_for(pilot, lambda: "must divide" in plain(editor.query_one("#err-f-grpo--num_generations")))
+        assert plain(status).startswith("✗ 1 problem(s): grpo.num_generations")
+        assert threads and threading.main_thread() not in threads  # never on the UI thread
+        assert len(threads) < 6  # one run per pause in typing, not one per key

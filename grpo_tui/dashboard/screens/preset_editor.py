@@ -1,22 +1,35 @@
 """Edit a preset in a form: one input per field, validated as you type by the runner's own schema
 and its pre-launch cross-field checks; save as a new user preset, or over a user preset (after a
-confirm). Built-in presets are read-only."""
+confirm). Built-in presets are read-only.
+
+The schema runs at each keystroke on the UI thread (pydantic, fast). The cross-field checks may read
+the data's first row or import a `module:function` reward, so they run in a thread worker once typing
+has paused for CHECK_DELAY_S; their errors join the form's when they arrive (`Checked`). Saving runs
+them at once when the last result is not for the form as it stands.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import ValidationError
 from rich.text import Text
-from textual import on
+from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, VerticalScroll
+from textual.message import Message
 from textual.screen import Screen
+from textual.timer import Timer
 from textual.widgets import Footer, Header, Input, Label, Select, Static, Switch
+from textual.worker import get_current_worker
 
 from grpo_tui.config import checks, schema, store
 from grpo_tui.config.schema import PRESET_NAME_RE, Preset, format_errors, literal_choices, walk_fields
+
+# Seconds of quiet after a keystroke before the cross-field checks run: one run per pause, not per key.
+CHECK_DELAY_S = 0.3
 
 
 def _is_bool(annotation: Any) -> bool:
@@ -58,6 +71,13 @@ class PresetEditorScreen(Screen[str | None]):
         Binding("q", "hold_quit", "Quit (after the editor)", show=False, id="editor.quit"),
     ]
 
+    @dataclass
+    class Checked(Message):
+        """The cross-field checks of `preset` ended in a worker with these errors."""
+
+        preset: Preset
+        errors: list[str]
+
     def __init__(self, preset: Preset, origin: store.Origin = "built-in") -> None:
         super().__init__()
         self.preset = preset
@@ -65,6 +85,8 @@ class PresetEditorScreen(Screen[str | None]):
         self.data = preset.model_dump(mode="json")
         self.valid: Preset | None = preset
         self.hints: dict[str, str] = {}  # widget id -> the field's description, shown when valid
+        self.checked: tuple[Preset, list[str]] | None = None  # the last cross-field result and its preset
+        self._check_timer: Timer | None = None
         # Read once: validation runs on every keystroke, on the UI thread, and must not scan folders.
         entries = store.list_presets()
         self.builtin_names = {e.name for e in entries if e.origin == "built-in"}
@@ -131,7 +153,13 @@ class PresetEditorScreen(Screen[str | None]):
         return data
 
     def validate_form(self) -> list[str]:
-        """Validate everything; put each error beside its field; return all error lines."""
+        """Validate everything now, the cross-field checks included (on this thread, unless the last
+        worker result is for this very form); put each error beside its field; return all error lines."""
+        return self._validate(wait=False)
+
+    def _validate(self, wait: bool) -> list[str]:
+        """The schema now; the cross-field checks from the last result when it is for this form, else
+        run now, or (`wait`) left to a worker after CHECK_DELAY_S of quiet."""
         for label in self.query(".form-error").results(Label):
             label.update(Text(self.hints.get(str(label.id)[4:], ""), "dim"))
         self.valid = None
@@ -144,8 +172,19 @@ class PresetEditorScreen(Screen[str | None]):
             for item, line in zip(exc.errors(), errors):
                 loc = [str(p) for p in item["loc"] if not isinstance(p, int)]
                 self._show_error(loc, line.split(": ", 1)[-1])
+        pending = False
         if self.valid is not None:  # the start refuses what these refuse: say so before saving
-            errors += self._cross_field_errors(self.valid)
+            if self.checked is not None and self.checked[0] == self.valid:
+                errors += self._show_cross_field(self.checked[1])
+            elif wait:
+                pending = True
+                self._schedule_checks(self.valid)
+            else:
+                found = checks.check_preset(self.valid, environment=False).errors
+                self.checked = (self.valid, found)
+                errors += self._show_cross_field(found)
+        if not pending and self._check_timer is not None:
+            self._check_timer.stop()  # nothing is left for a worker to check (schema errors, or known)
         name = data["name"]
         # The schema already checks the name's characters; a clash with a built-in is ours to refuse.
         if PRESET_NAME_RE.match(name or "") and name in self.builtin_names:
@@ -154,22 +193,41 @@ class PresetEditorScreen(Screen[str | None]):
         elif name in self.user_names:
             self.query_one("#err-f-name", Label).update(Text("saving replaces this user preset", "yellow"))
         status = self.query_one("#editor-status", Static)
+        saves = f"replaces user preset {name} (asks first)" if self.overwrites else "saves it as a new user preset"
         if errors:
             status.update(Text(f"✗ {len(errors)} problem(s): " + errors[0], "red"))
-        elif self.overwrites:
-            status.update(Text(f"✓ valid — ctrl+s replaces user preset {name} (asks first)", "green"))
+        elif pending:
+            status.update(Text(f"… checking — ctrl+s {saves}", "dim"))
         else:
-            status.update(Text("✓ valid — ctrl+s saves it as a new user preset", "green"))
+            status.update(Text(f"✓ valid — ctrl+s {saves}", "green"))
         return errors
 
-    def _cross_field_errors(self, preset: Preset) -> list[str]:
-        """`check_preset`'s machine-independent errors (this form may be for another machine),
-        each also put beside its field."""
-        errors = checks.check_preset(preset, environment=False).errors
+    def _show_cross_field(self, errors: list[str]) -> list[str]:
+        """Put each of `check_preset`'s errors beside its field; return them."""
         for line in errors:
             dotted, _, reason = line.partition(": ")
             self._show_error(dotted.split("."), reason)
         return errors
+
+    def _schedule_checks(self, preset: Preset) -> None:
+        # Each keystroke restarts the wait: the checks run once typing pauses.
+        if self._check_timer is not None:
+            self._check_timer.stop()
+        self._check_timer = self.set_timer(CHECK_DELAY_S, lambda: self._run_checks(preset))
+
+    @work(thread=True, exclusive=True, group="editor-checks")
+    def _run_checks(self, preset: Preset) -> None:
+        # Machine-independent only: this form may be for another machine.
+        errors = checks.check_preset(preset, environment=False).errors
+        if not get_current_worker().is_cancelled:  # a newer form's checks replaced these
+            self.post_message(self.Checked(preset, errors))
+
+    def on_preset_editor_screen_checked(self, message: Checked) -> None:
+        message.stop()
+        if message.preset != self.valid:
+            return  # typed on meanwhile: the newer form's checks are coming
+        self.checked = (message.preset, message.errors)
+        self._validate(wait=True)
 
     def _show_error(self, loc: list[str], reason: str) -> None:
         for depth in (2, 1):  # a reward spec's error (rewards.functions.0.name) belongs to rewards.functions
@@ -182,11 +240,11 @@ class PresetEditorScreen(Screen[str | None]):
     @on(Select.Changed)
     @on(Switch.Changed)
     def _changed(self) -> None:
-        self.validate_form()
+        self._validate(wait=True)
 
     def on_mount(self) -> None:
         self.sub_title = f"Edit {self.preset.name}"
-        self.validate_form()
+        self._validate(wait=True)
         self.query_one("#f-name", Input).focus()
 
     def action_save(self) -> None:

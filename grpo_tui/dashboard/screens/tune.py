@@ -14,7 +14,6 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from textual import on, work
@@ -31,9 +30,9 @@ HINT = "Enter in a field starts the search · Escape stops it and goes back"
 DEFAULT_BUDGET_MIN = "30"  # the command's default, shown so the user sees what applies
 
 
-def tune_command(preset: str, cap: str, budget: str, runs_dir: Path | None = None) -> list[str]:
-    """The child process's argv: the same search as `grpo-tui tune`, reporting in JSON lines."""
-    where = [] if runs_dir is None else ["--runs-dir", str(runs_dir)]
+def tune_command(preset: str, cap: str, budget: str) -> list[str]:
+    """The child process's argv: the same search as `grpo-tui tune`, reporting in JSON lines. Trial
+    runs go where that command puts them (./tune-runs), apart from the real runs the app lists."""
     return [
         sys.executable,
         "-m",
@@ -44,7 +43,6 @@ def tune_command(preset: str, cap: str, budget: str, runs_dir: Path | None = Non
         cap,
         "--time-budget",
         budget,
-        *where,
         "--jsonl",
     ]
 
@@ -74,11 +72,9 @@ class TuneScreen(Screen[None]):
         code: int
         error: str
 
-    def __init__(self, preset: str, runs_dir: Path | None = None) -> None:
-        """`runs_dir`: where trial runs go (default: the command's, ./tune-runs, apart from real runs)."""
+    def __init__(self, preset: str) -> None:
         super().__init__()
         self.preset = preset
-        self.runs_dir = runs_dir
         self._process: subprocess.Popen[str] | None = None
         self._started = 0.0
         self._budget_s = 0.0
@@ -121,7 +117,7 @@ class TuneScreen(Screen[None]):
         self._started = time.monotonic()
         self.exit_code = None
         self._status(f"Searching under {cap} GiB…")
-        self._search(tune_command(self.preset, cap, budget, self.runs_dir))
+        self._search(tune_command(self.preset, cap, budget))
 
     @work(thread=True, exclusive=True, group="tune")
     def _search(self, argv: list[str]) -> None:
