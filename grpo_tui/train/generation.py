@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from grpo_tui.config.schema import GENERATION_BACKENDS
+from grpo_tui.train.decode_attention import folded_heads
 
 # Rollouts pad their rows and cache length up to these multiples, so nearby shapes share one captured graph.
 ROW_MULTIPLE = 8
@@ -195,6 +196,10 @@ class StaticDecoder:
         sampling: Sampling,
     ) -> list[list[int]]:
         """Completion ids per prompt, each cut after its first EOS (TRL's `_generate_single_turn` contract)."""
+        with folded_heads(model):  # captured with it, so replays keep it
+            return self._generate(model, prompt_ids, max_new_tokens, eos_ids, pad_id, sampling)
+
+    def _generate(self, model, prompt_ids, max_new_tokens, eos_ids, pad_id, sampling) -> list[list[int]]:
         device = next(model.parameters()).device
         count, width = len(prompt_ids), max(len(p) for p in prompt_ids)
         self._fit(model, count, width + max_new_tokens, device)

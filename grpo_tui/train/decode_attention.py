@@ -1,0 +1,69 @@
+"""Attention for the static-cache decoder: grouped-query heads folded into the query length.
+
+transformers' sdpa path repeats each key/value head for every query head of its group (`repeat_kv`)
+whenever a mask is given, and the decoder always gives one (left padding, unwritten cache slots). At
+decode time that copy dominates: measured on the H200 (Qwen3-0.6B shape, 128 rows, bf16), the captured
+step ran at 5.5% of the memory-bandwidth bound, its time growing with the KV cache, not the weights.
+
+Folding instead views the queries [R, H, q, D] as [R, H_kv, G*q, D] (head h = kv * G + g, the order
+repeat_kv uses), so each key/value head is read once by the G queries of its group; the mask is repeated
+over g, which is small. Same arithmetic per (query head, key) pair as the unfolded attention.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+# The name the decoder's forwards run under (registered with transformers' AttentionInterface on import).
+DECODE_ATTENTION = "grpo_tui_folded_gqa"
+
+
+def folded_attention(
+    module: Any,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """transformers' attention-function contract: [R, H, q, D] queries, [R, H_kv, L, D] keys/values, a bool
+    (True = attend) or additive mask [R, 1, q, L]; returns [R, q, H, D] and no weights."""
+    rows, heads, length, dim = query.shape
+    kv_heads = key.shape[1]
+    group = heads // kv_heads
+    q = query.reshape(rows, kv_heads, group * length, dim)
+    mask = attention_mask
+    if mask is not None:
+        if mask.shape[1] != 1:
+            raise ValueError(f"folded attention takes a mask shared by the heads, got shape {tuple(mask.shape)}")
+        keys = mask.shape[-1]
+        mask = mask[:, :, None].expand(rows, 1, group, length, keys).reshape(rows, 1, group * length, keys)
+    out = F.scaled_dot_product_attention(q, key, value, attn_mask=mask, dropout_p=dropout, scale=scaling)
+    return out.reshape(rows, heads, length, dim).transpose(1, 2).contiguous(), None
+
+
+def _register() -> None:
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(DECODE_ATTENTION, folded_attention)
+
+
+@contextmanager
+def folded_heads(model: Any) -> Iterator[None]:
+    """Run the model's attention layers through `folded_attention` inside the block (the config is shared by
+    every layer and read per forward; the decoder is never running while the model trains)."""
+    _register()
+    config = model.config
+    previous = config._attn_implementation
+    config._attn_implementation = DECODE_ATTENTION
+    try:
+        yield
+    finally:
+        config._attn_implementation = previous
