@@ -117,10 +117,6 @@ def _check_generation(preset: Preset, result: CheckResult) -> None:
     if backend != "graph":
         return
     # The trainer falls back to generate in these cases; saying so before launch saves a surprise in the log.
-    result.notes.append(
-        "grpo.generation_backend: graph is experimental: its GPU tests failed on the H200 (2026-12-02), "
-        "so a CUDA run may stop in generation; generate is the safe choice"
-    )
     if d.use_cpu:
         result.notes.append("grpo.generation_backend: graph needs CUDA; on the CPU the run uses generate")
     elif d.fsdp:

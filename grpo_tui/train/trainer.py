@@ -192,6 +192,7 @@ class GrpoTuiTrainer(LossPhaseMixin, GRPOTrainer):
             prompt_ids, images, multimodal_fields, num_generations, has_tool_images
         )
         self.rollouts.tokens += sum(map(len, completion_ids))  # the step record's generation/tokens
+        self.rollouts.end_rollout()
         return completion_ids, logprobs
 
     def _sliced_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images):
