@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 
@@ -256,3 +257,24 @@ def test_tune_screen_shows_each_trial_as_it_ends(tmp_path, monkeypatch) -> None:
 def test_tune_screen_shows_the_commands_one_line_error(tmp_path, monkeypatch) -> None:
     rows, status = _run_screen(tmp_path, monkeypatch, "0")
     assert rows == [] and status.startswith("grpo-tui tune: --memory-cap: got 0.0")
+
+
+def test_measure_steps_counts_the_tokens_the_run_generated() -> None:
+    # generation/tokens is measured; the batch the search asked for is only what it asked for.
+    steps = [
+        {"v": 1, "step": 1, "time": 10.0, "completions/mean_length": 3.0},
+        {"v": 1, "step": 2, "time": 12.0, "completions/mean_length": 4.0, "generation/tokens": 96},
+    ]
+    assert tune.measure_steps(steps, completions_per_step=4096) == (2.0, 48.0)
+
+
+def test_a_trial_runs_its_own_batch_whatever_the_user_set(tmp_path) -> None:
+    from grpo_tui.runs.listing import read_config
+    from grpo_tui.tools.bench_memory import run_trial
+
+    # tune and max-batch pass the user's --set to every trial: a batch among them once pinned every trial.
+    got = run_trial("tiny-cpu", "chunked", 8, steps=1, runs_dir=tmp_path, extra_sets=["grpo.per_device_batch_size=16"])
+    assert got.trial.ok, got.trial.reason
+    assert read_config(Path(got.trial.run_dir))["grpo"]["per_device_batch_size"] == 8
+    (step,) = got.steps
+    assert step["generation/tokens"] == pytest.approx(step["completions/mean_length"] * 8, abs=0.5)

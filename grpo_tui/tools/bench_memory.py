@@ -114,17 +114,12 @@ def run_trial(
         "--headless",
         "--runs-dir",
         str(runs_dir),
-        "--set",
-        f"loss.impl={impl}",
-        "--set",
-        f"grpo.per_device_batch_size={batch}",
-        "--set",
-        f"grpo.max_steps={steps}",
-        "--set",
-        "logging.save_steps=0",
     ]
-    for item in extra_sets:
+    # The user's overrides first: the trial's own impl, batch and length come last, so they win (a --set
+    # grpo.per_device_batch_size given to tune or max-batch once pinned every trial to that batch).
+    for item in [*extra_sets, f"loss.impl={impl}", f"grpo.per_device_batch_size={batch}", f"grpo.max_steps={steps}"]:
         argv += ["--set", item]
+    argv += ["--set", "logging.save_steps=0"]
     env = dict(os.environ)
     if memory_cap_gib is not None:
         env[MEMORY_CAP_ENV] = str(memory_cap_gib)

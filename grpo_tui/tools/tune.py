@@ -57,12 +57,15 @@ def as_sets(settings: dict[str, Any]) -> list[str]:
 def measure_steps(steps: list[dict[str, Any]], completions_per_step: int) -> tuple[float | None, float | None]:
     """(seconds, completion tokens per second) of a run's last step, from its step records; see the
     module docstring."""
-    from grpo_tui.runs.metrics import as_float
+    from grpo_tui.runs.metrics import GENERATION_TOKENS_KEY, as_float
 
     if not steps:
         return None, None
     last = steps[-1]
+    generated = as_float(last.get(GENERATION_TOKENS_KEY))  # measured; older runs lack it
     length = as_float(last.get("completions/mean_length"))
+    if generated is not None and generated > 0:
+        length, completions_per_step = generated, 1
     wall = as_float(last.get("step_time"))
     if len(steps) >= 2:
         later, earlier = as_float(last.get("time")), as_float(steps[-2].get("time"))
