@@ -194,3 +194,24 @@ def test_progress_shows_the_backend_and_recent_generation_rate() -> None:
         ]
     )
     assert generation_label(state) == "graph · 2,000 tok/s"
+
+
+def test_plot_steps_draws_one_bar_per_picked_row_and_refuses_a_missing_one(tmp_path) -> None:
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    pytest.importorskip("matplotlib")
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "plot_steps.py"
+    spec = importlib.util.spec_from_file_location("plot_steps", script)
+    plot = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(plot)
+    phases = {"generation": 3.0, "scoring": 0.5, "loss": 2.0, "optimizer": 0.01}
+    rows = [{"impl": "trl", "batch": "64", "step_s": 5.6, "phases_s": phases, "peak_gib": 10.6}]
+    table = tmp_path / "t.json"
+    table.write_text(json.dumps(rows))
+    out = tmp_path / "p.png"
+    assert plot.main(["--out", str(out), f"TRL={table}:trl/64"]) == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(SystemExit, match="no finished row chunked/64"):
+        plot.main(["--out", str(out), f"x={table}:chunked/64"])
