@@ -244,3 +244,27 @@ def test_the_launcher_killed_leaves_no_rank_behind(tmp_path: Path) -> None:
             os.killpg(supervisor.proc.pid, signal.SIGKILL)
         except OSError:
             pass
+
+
+@pytest.mark.parametrize("launcher_started", ["before", "after"])
+def test_force_signals_ranks_in_their_own_sessions_only_when_they_are_the_runs(
+    tmp_path: Path, stranger, launcher_started: str
+) -> None:
+    """torchrun starts each rank of a multi-process run in a session of its own: `--stop --force` signals those
+    groups too, but only for a rank named by the start event and created after the launcher."""
+    run = RunDir.create(tmp_path / "runs", "x")
+    created = psutil.Process(stranger.pid).create_time()
+    launcher = created - 0.5 if launcher_started == "before" else created + 5.0
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])  # the launcher: already exited, its pid recorded
+    gone.wait()
+    run.update_status(status="running", pgid=gone.pid, child_pid=gone.pid, child_started=launcher)
+    start = {"v": 1, "time": created + 10.0, "event": "start", "ranks": [{"rank": 0, "pid": stranger.pid}]}
+    run.metrics.write_text(json.dumps(start) + "\n")
+    message = stop_run(run.path, force=True, grace=0.5)
+    if launcher_started == "before":  # the rank of this run: its own group is ended
+        assert message.endswith(f"process group {stranger.pid} killed")
+        assert stranger.wait(timeout=5) != 0
+    else:  # a process older than the run's launcher is not its rank, whatever the stream says
+        assert "nothing to kill" in message
+        time.sleep(0.2)
+        assert stranger.poll() is None

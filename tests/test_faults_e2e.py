@@ -20,10 +20,11 @@ from grpo_tui.runs.status import judge
 pytestmark = pytest.mark.slow
 
 
-def start_real_run(tmp_path: Path) -> tuple[subprocess.Popen[bytes], RunDir, list[int]]:
+def start_real_run(tmp_path: Path, processes: int = 1) -> tuple[subprocess.Popen[bytes], RunDir, list[int]]:
     """`grpo-tui run tiny-cpu --headless` (the supervisor) in its own session, once a step is logged."""
+    sets = ["--set", "grpo.max_steps=500", "--set", f"distributed.num_processes={processes}"]
     proc = subprocess.Popen(
-        [*grpo_tui_argv(), "run", "tiny-cpu", "--headless", "--set", "grpo.max_steps=500"],
+        [*grpo_tui_argv(), "run", "tiny-cpu", "--headless", *sets],
         cwd=tmp_path,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -59,10 +60,12 @@ def cleanup():
             pass
 
 
-def test_kill_9_of_the_launcher_ends_its_trainer(tiny_model_path: Path, tmp_path: Path, cleanup) -> None:
-    proc, run, ranks = start_real_run(tmp_path)
+@pytest.mark.parametrize("processes", [1, 2])  # 2: torchrun gives each rank a session of its own
+def test_kill_9_of_the_launcher_ends_its_trainer(tiny_model_path: Path, tmp_path: Path, cleanup, processes) -> None:
+    proc, run, ranks = start_real_run(tmp_path, processes)
+    assert len(ranks) == processes
     launcher = run.read_status()["child_pid"]
-    cleanup += [proc.pid, launcher]
+    cleanup += [proc.pid, launcher, *ranks]
     os.kill(launcher, signal.SIGKILL)
     assert proc.wait(timeout=30) != 0
     wait_for(lambda: gone(ranks), "the trainer to end with its launcher")

@@ -1,4 +1,6 @@
-"""A run's process group: the launcher leads it (its own session), every rank accelerate starts is in it.
+"""A run's process groups: the launcher leads one (its own session). A one-process run's rank is in it; torchrun
+starts each rank of a multi-process run in a session of its own, so those ranks lead groups of their own
+(`rank_groups`), and ending a run signals them too.
 
 Finding the group of a run folder (never a stranger's: pid + create time), listing its live members
 and ending it (SIGTERM, a grace period, SIGKILL) are here; the supervisor and `control --stop --force` use them.
@@ -16,14 +18,32 @@ from grpo_tui.runs.folder import RunDir
 from grpo_tui.runs.status import live_rank_pids, pid_alive
 
 
-def terminate_group(pgid: int, still_there: Callable[[], bool], grace: float) -> None:
-    """SIGTERM the process group, wait up to `grace` seconds while `still_there()`, then SIGKILL it."""
-    signal_group(pgid, signal.SIGTERM)
+def terminate_group(pgid: int, still_there: Callable[[], bool], grace: float, also: list[int] | None = None) -> None:
+    """SIGTERM the process group (and the groups in `also`), wait up to `grace` seconds while `still_there()`,
+    then SIGKILL them."""
+    groups = [pgid, *(also or [])]
+    for group in groups:
+        signal_group(group, signal.SIGTERM)
     deadline = time.monotonic() + grace
     while time.monotonic() < deadline and still_there():
         time.sleep(0.05)
-    # The leader may be gone while ranks linger: the group still gets the final signal.
-    signal_group(pgid, signal.SIGKILL)
+    # The leader may be gone while ranks linger: the groups still get the final signal.
+    for group in groups:
+        signal_group(group, signal.SIGKILL)
+
+
+def rank_groups(run: RunDir, launcher_pgid: int | None, started: Any) -> list[int]:
+    """The groups of the run's live ranks outside the launcher's group: each such rank leads its own (torchrun's
+    sessions). Only ranks named by the stream's start event, created after the launcher (`started`, run.json's
+    child_started) and leading their group are taken, so a reused pid never gets a stranger's group signalled."""
+    if not isinstance(started, (int, float)) or isinstance(started, bool):
+        return []
+    groups = []
+    for pid in live_rank_pids(run.metrics):
+        group = _group_of(pid)
+        if group == pid and group != launcher_pgid and group > 1 and _created_after(pid, started):
+            groups.append(group)
+    return groups
 
 
 def group_members(pgid: int) -> list[int]:
