@@ -18,10 +18,8 @@ from grpo_tui.runs.folder import RunDir
 from grpo_tui.runs.status import live_rank_pids, pid_alive
 
 
-def terminate_group(pgid: int, still_there: Callable[[], bool], grace: float, also: list[int] | None = None) -> None:
-    """SIGTERM the process group (and the groups in `also`), wait up to `grace` seconds while `still_there()`,
-    then SIGKILL them."""
-    groups = [pgid, *(also or [])]
+def terminate_groups(groups: list[int], still_there: Callable[[], bool], grace: float) -> None:
+    """SIGTERM the process groups, wait up to `grace` seconds while `still_there()`, then SIGKILL them."""
     for group in groups:
         signal_group(group, signal.SIGTERM)
     deadline = time.monotonic() + grace
@@ -32,10 +30,11 @@ def terminate_group(pgid: int, still_there: Callable[[], bool], grace: float, al
         signal_group(group, signal.SIGKILL)
 
 
-def rank_groups(run: RunDir, launcher_pgid: int | None, started: Any) -> list[int]:
+def rank_groups(run: RunDir, launcher_pgid: int | None) -> list[int]:
     """The groups of the run's live ranks outside the launcher's group: each such rank leads its own (torchrun's
-    sessions). Only ranks named by the stream's start event, created after the launcher (`started`, run.json's
+    sessions). Only ranks named by the stream's start event, created after the launcher (run.json's
     child_started) and leading their group are taken, so a reused pid never gets a stranger's group signalled."""
+    started = run.read_status().get("child_started")
     if not isinstance(started, (int, float)) or isinstance(started, bool):
         return []
     groups = []
@@ -46,14 +45,14 @@ def rank_groups(run: RunDir, launcher_pgid: int | None, started: Any) -> list[in
     return groups
 
 
-def group_members(pgid: int) -> list[int]:
-    """Pids of the live (not zombie) processes in process group `pgid`."""
+def group_members(*pgids: int) -> list[int]:
+    """Pids of the live (not zombie) processes in the process groups `pgids` (one pass over the processes)."""
     import psutil
 
     members = []
     for proc in psutil.process_iter(["status"]):
         try:
-            if os.getpgid(proc.pid) == pgid and proc.info["status"] != psutil.STATUS_ZOMBIE:
+            if os.getpgid(proc.pid) in pgids and proc.info["status"] != psutil.STATUS_ZOMBIE:
                 members.append(proc.pid)
         except OSError:  # gone meanwhile
             continue

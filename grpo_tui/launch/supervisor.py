@@ -33,7 +33,7 @@ from grpo_tui.config.schema import Preset, PresetError
 from grpo_tui.config.store import dump_preset
 from grpo_tui.config.types import clip
 from grpo_tui.launch.command import build_launch_command, launch_env, per_node_commands, write_accelerate_config
-from grpo_tui.launch.process_group import group_members, process_identity, rank_groups, run_group, terminate_group
+from grpo_tui.launch.process_group import group_members, process_identity, rank_groups, run_group, terminate_groups
 from grpo_tui.launch.progress import ProgressPrinter
 from grpo_tui.runs.failures import failure_reason, signal_name
 from grpo_tui.runs.folder import RunDir, open_private, read_json, write_private_text
@@ -162,12 +162,10 @@ class Supervisor:
                     self.on_records(tail.read_new())
         # The launcher is gone; ranks it left behind (it was killed) must not train on untracked, in its group
         # or (multi-process runs) in the sessions torchrun gave them.
-        groups = [self.proc.pid, *rank_groups(self.run, self.proc.pid, self.run.read_status().get("child_started"))]
-        orphans = any(group_members(group) for group in groups)
+        groups = [self.proc.pid, *rank_groups(self.run, self.proc.pid)]
+        orphans = bool(group_members(*groups))
         if orphans:
-            terminate_group(
-                groups[0], lambda: any(group_members(group) for group in groups), KILL_GRACE_S, also=groups[1:]
-            )
+            terminate_groups(groups, lambda: bool(group_members(*groups)), KILL_GRACE_S)
         return self._finish(code, orphans)
 
     def _finish(self, code: int, orphans: bool = False) -> int:
@@ -199,8 +197,7 @@ class Supervisor:
             if self.proc is None or self.proc.poll() is not None:
                 return
             proc = self.proc
-        ranks = rank_groups(self.run, proc.pid, self.run.read_status().get("child_started"))
-        terminate_group(proc.pid, lambda: proc.poll() is None, grace, also=ranks)
+        terminate_groups([proc.pid, *rank_groups(self.run, proc.pid)], lambda: proc.poll() is None, grace)
 
 
 def record_status(run: RunDir, **fields: Any) -> bool:
@@ -340,9 +337,8 @@ def stop_run(run_dir: Path, force: bool = False, grace: float = KILL_GRACE_S) ->
         return f"{run.name}: stop requested; the trainer stops at its next step boundary"
     run.request(stop=True, kill=True)
     pgid = run_group(run)
-    ranks = rank_groups(run, pgid, run.read_status().get("child_started"))
-    if pgid is None and not ranks:
+    groups = ([] if pgid is None else [pgid]) + rank_groups(run, pgid)
+    if not groups:
         return f"{run.name}: no live process group of this run found; nothing to kill"
-    groups = [g for g in [pgid, *ranks] if g is not None]
-    terminate_group(groups[0], lambda: any(group_members(g) for g in groups), grace, also=groups[1:])
+    terminate_groups(groups, lambda: bool(group_members(*groups)), grace)
     return f"{run.name}: process group{'s' if len(groups) > 1 else ''} {', '.join(map(str, groups))} killed"

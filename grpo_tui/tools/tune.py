@@ -62,18 +62,18 @@ def measure_steps(steps: list[dict[str, Any]], completions_per_step: int) -> tup
     if not steps:
         return None, None
     last = steps[-1]
-    generated = as_float(last.get(GENERATION_TOKENS_KEY))  # measured; older runs lack it
-    length = as_float(last.get("completions/mean_length"))
-    if generated is not None and generated > 0:
-        length, completions_per_step = generated, 1
+    tokens = as_float(last.get(GENERATION_TOKENS_KEY))  # measured; older runs lack it
+    if tokens is None or tokens <= 0:
+        length = as_float(last.get("completions/mean_length"))
+        tokens = None if length is None else length * completions_per_step
     wall = as_float(last.get("step_time"))
     if len(steps) >= 2:
         later, earlier = as_float(last.get("time")), as_float(steps[-2].get("time"))
         if later is not None and earlier is not None and later > earlier:
             wall = later - earlier
-    if wall is None or wall <= 0 or length is None:
+    if wall is None or wall <= 0 or tokens is None:
         return wall, None
-    return wall, length * completions_per_step / wall
+    return wall, tokens / wall
 
 
 def real_runner(
