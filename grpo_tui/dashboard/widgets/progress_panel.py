@@ -1,4 +1,4 @@
-"""Step / max_steps with a bar, elapsed, ETA, speed and the current loss implementation."""
+"""Step / max_steps with a bar, elapsed, ETA, speed, and the rollout backend with its tokens/s when the run logs it."""
 
 from __future__ import annotations
 
@@ -46,9 +46,10 @@ class ProgressPanel(Static):
             ("   steps/s ", "dim"),
             speed,
         )
-        if info.generation:  # the rollout backend and its completion tokens/s (issue 13)
-            line2.append_text(Text.assemble(("   generation ", "dim"), info.generation))
-        # Always two lines: no relayout of the screen unless the width changed.
-        shape = self.size.width
-        self.update(Group(line1, line2), layout=shape != getattr(self, "_shape", None))
+        lines = [line1, line2]
+        if info.generation:  # the rollout backend and its completion tokens/s: a line of its own, line 2 is full
+            lines.append(Text.assemble(("generation ", "dim"), info.generation))
+        # A fixed number of lines: no relayout of the screen unless the width or that number changed.
+        shape = (self.size.width, len(lines))
+        self.update(Group(*lines), layout=shape != getattr(self, "_shape", None))
         self._shape = shape
