@@ -154,6 +154,20 @@ def test_a_larger_rollout_moves_to_a_larger_bucket(model: torch.nn.Module) -> No
     assert decoder.state is not small and decoder.state.rows >= len(PROMPTS) * 3
 
 
+def test_other_sampling_settings_get_a_bucket_of_their_own(model: torch.nn.Module) -> None:
+    # The graph bakes the sampling settings, EOS ids and pad id into its step: a change must not replay the old ones.
+    decoder = StaticDecoder(use_graph=False)
+    decode(decoder, model, [1], Sampling(greedy=True))
+    first = decoder.state
+    decode(decoder, model, [1], Sampling(greedy=True))
+    assert decoder.state is first
+    decode(decoder, model, [1, 2], Sampling(greedy=True))
+    assert decoder.state is not first and decoder.state.eos.tolist() == [1, 2]
+    second = decoder.state
+    decode(decoder, model, [1, 2], Sampling(temperature=0.5))
+    assert decoder.state is not second and decoder.state.sampling == Sampling(temperature=0.5)
+
+
 def test_cut_at_eos_keeps_the_first_eos() -> None:
     tokens = torch.tensor([[4, 1, 0, 0], [4, 5, 6, 7], [2, 3, 2, 1]])
     assert cut_at_eos(tokens, [1, 2]) == [[4, 1], [4, 5, 6, 7], [2]]

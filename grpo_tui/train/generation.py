@@ -16,8 +16,9 @@ The graph reads the live parameters: a captured kernel reads a parameter's stora
 updates that storage in place. FSDP and DeepSpeed swap the storage between forwards, so they fall back
 to generate. Unmerged LoRA adapters are only extra matmuls on parameters updated in place: supported.
 
-`StaticDecoder(use_graph=False)` is the eager twin: the same `prefill`/`decode_step` without capture. The
-CPU tests hold it to `model.generate` token for token; the graph only replays what it ran.
+`StaticDecoder(use_graph=False)` is the eager twin: the same `prefill`/`decode_and_take` without capture.
+The CPU tests hold it to `model.generate` token for token (greedy, and sampled under the same seed); the
+graph replays what it runs, sampling included (a GPU test draws the twin's tokens under the same seed).
 """
 
 from __future__ import annotations
@@ -56,12 +57,24 @@ class Sampling:
         return cls(trainer.temperature, trainer.top_k, trainer.top_p, trainer.min_p, trainer.repetition_penalty)
 
 
+def seen_tokens(history: torch.Tensor, vocab: int) -> torch.Tensor:
+    """[R, V + 1] bool: True where a row's `history` [R, S] holds the token (-1 = not a token, collected in column V)."""
+    seen = torch.zeros(history.size(0), vocab + 1, dtype=torch.bool, device=history.device)
+    return seen.scatter_(1, history.masked_fill(history < 0, vocab), True)
+
+
 def choose_tokens(logits: torch.Tensor, sampling: Sampling, history: torch.Tensor | None = None) -> torch.Tensor:
     """Next token per row from fp32 logits [R, V]; `history` [R, S] (-1 = not a token) feeds the repetition penalty."""
-    if sampling.repetition_penalty != 1.0 and history is not None:
+    seen = seen_tokens(history, logits.size(-1)) if sampling.repetition_penalty != 1.0 and history is not None else None
+    return choose_from_seen(logits, sampling, seen)
+
+
+def choose_from_seen(logits: torch.Tensor, sampling: Sampling, seen: torch.Tensor | None) -> torch.Tensor:
+    """`choose_tokens` with the repetition history given as `seen_tokens`' mask. No host sync and fixed shapes, so
+    the graph captures it with the decode step; a draw is torch.multinomial's own for one sample (an exponential
+    race), written out because multinomial's argument check may wait for the device."""
+    if sampling.repetition_penalty != 1.0 and seen is not None:
         vocab = logits.size(-1)
-        seen = torch.zeros(logits.size(0), vocab + 1, dtype=torch.bool, device=logits.device)
-        seen.scatter_(1, history.masked_fill(history < 0, vocab), True)  # [R, V + 1]; column V collects non-tokens
         penalised = torch.where(logits < 0, logits * sampling.repetition_penalty, logits / sampling.repetition_penalty)
         logits = torch.where(seen[:, :vocab], penalised, logits)
     if sampling.greedy:
@@ -80,7 +93,8 @@ def choose_tokens(logits: torch.Tensor, sampling: Sampling, history: torch.Tenso
         probs = logits.softmax(-1)
         low = probs < sampling.min_p * probs.amax(-1, keepdim=True)  # the top token is never below it
         logits = logits.masked_fill(low, float("-inf"))
-    return torch.multinomial(logits.softmax(-1), 1).squeeze(1)
+    probs = logits.softmax(-1)
+    return (probs / torch.empty_like(probs).exponential_()).argmax(-1)
 
 
 def cut_at_eos(tokens: torch.Tensor, eos_ids: list[int]) -> list[list[int]]:
@@ -104,7 +118,15 @@ class DecodeState:
     key_valid: torch.Tensor  # [R, L] False on prompt padding
     key_index: torch.Tensor  # [L] 0..L-1
     additive_mask: bool  # eager attention adds the mask; sdpa takes it as bool
-    cache_argument: str = "cache"  # the forward's keyword for the cache (see `cache_argument`)
+    cache_argument: str  # the forward's keyword for the cache (see `cache_argument`)
+    # The token choice, captured with the forward: what it samples with and where it writes.
+    sampling: Sampling
+    pad_id: int
+    eos: torch.Tensor  # [E] the ids that end a row
+    out: torch.Tensor  # [R, L] the tokens chosen so far (pad once a row finished)
+    finished: torch.Tensor  # [R] rows past their EOS (and the bucket's filler rows)
+    step: torch.Tensor  # [1] the column of `out` the next token goes to
+    seen: torch.Tensor | None = None  # [R, V + 1] `seen_tokens` of prompt and output, for the repetition penalty
 
     @property
     def rows(self) -> int:
@@ -158,8 +180,25 @@ def prefill(model: Any, state: DecodeState, ids: torch.Tensor, mask: torch.Tenso
     return logits
 
 
+def take_token(state: DecodeState, logits: torch.Tensor) -> None:
+    """Choose each row's next token from `logits` [R, V], write it to `out` and `tokens`, and mark rows that ended."""
+    token = choose_from_seen(logits, state.sampling, state.seen)
+    token = torch.where(state.finished, state.pad_id, token)  # finished rows emit pad
+    state.out.index_copy_(1, state.step, token[:, None])
+    state.finished |= (token[:, None] == state.eos).any(-1)
+    if state.seen is not None:
+        state.seen.scatter_(1, token[:, None], True)
+    state.step.add_(1)
+    state.tokens.copy_(token[:, None])
+
+
+def decode_and_take(model: Any, state: DecodeState, dtype: torch.dtype) -> None:
+    """The step the graph captures: the forward of every row's last token, then the choice of the next."""
+    take_token(state, decode_step(model, state, dtype))
+
+
 def decode_step(model: Any, state: DecodeState, dtype: torch.dtype) -> torch.Tensor:
-    """One token for every row: feeds `state.tokens`, returns the next logits [R, V]. Captured as is by the graph."""
+    """One token for every row: feeds `state.tokens`, returns the next logits [R, V]."""
     allowed = state.key_valid & (state.key_index <= state.cache_index)  # [R, L]
     logits = _forward(
         model, state, state.tokens, state.positions, _attention_mask(state, allowed[:, None, None], dtype)
@@ -176,8 +215,10 @@ def _round_up(value: int, multiple: int) -> int:
 class StaticDecoder:
     """Batched sampling with a static KV cache; `use_graph` replays the decode step from a CUDA graph.
 
-    A bucket (rows, cache length) is kept while later rollouts fit in it: its cache is reset, not
-    reallocated, and its graph is captured again only when a rollout needs a larger bucket.
+    A bucket (rows, cache length) is kept while later rollouts fit in it and sample the same way: its cache
+    is reset, not reallocated, and its graph is captured again only when a rollout needs a larger bucket or
+    other sampling settings. The graph holds the whole token step (forward, sampling, writing the token), so
+    the host only replays it and checks every `FINISH_CHECK_EVERY` steps whether all rows have ended.
     """
 
     def __init__(self, use_graph: bool) -> None:
@@ -186,7 +227,7 @@ class StaticDecoder:
         self.captures = 0  # graphs captured so far (tests and the benchmark read it)
         self._model_id: int | None = None
         self._graph: Any = None
-        self._graph_logits: torch.Tensor | None = None
+        self._recipe: tuple | None = None  # (Sampling, eos ids, pad id) the bucket's graph samples with
         self._dtype = torch.float32
 
     def generate(
@@ -205,7 +246,7 @@ class StaticDecoder:
     def _generate(self, model, prompt_ids, max_new_tokens, eos_ids, pad_id, sampling) -> list[list[int]]:
         device = next(model.parameters()).device
         count, width = len(prompt_ids), max(len(p) for p in prompt_ids)
-        self._fit(model, count, width + max_new_tokens, device)
+        self._fit(model, count, width + max_new_tokens, device, (sampling, tuple(eos_ids), pad_id))
         state = self.state
         ids = torch.full((state.rows, width), pad_id, dtype=torch.long)
         mask = torch.zeros((state.rows, width), dtype=torch.bool)
@@ -213,39 +254,45 @@ class StaticDecoder:
             ids[row, width - len(prompt) :] = torch.tensor(prompt)
             mask[row, width - len(prompt) :] = True
         ids, mask = ids.to(device), mask.to(device)
-        eos = torch.tensor(eos_ids, dtype=torch.long, device=device)
-        out = torch.full((state.rows, max_new_tokens), pad_id, dtype=torch.long, device=device)
-        finished = torch.arange(state.rows, device=device) >= count  # bucket filler rows are done from the start
-        history = ids.masked_fill(~mask, -1) if sampling.repetition_penalty != 1.0 else None
 
-        state.cache.reset()  # zeroes in place: the graph keeps pointing at the same storage
-        logits = prefill(model, state, ids, mask, self._dtype)
+        # Reset in place: the graph keeps pointing at the same storage.
+        state.cache.reset()
+        state.out.fill_(pad_id)
+        state.step.zero_()
+        state.finished.copy_(
+            torch.arange(state.rows, device=device) >= count
+        )  # bucket filler rows: done from the start
+        if state.seen is not None:
+            state.seen.copy_(seen_tokens(ids.masked_fill(~mask, -1), state.seen.size(1) - 1))
+        take_token(state, prefill(model, state, ids, mask, self._dtype))
         steps = max_new_tokens
-        for t in range(max_new_tokens):
-            seen = None if history is None else torch.cat([history, out[:, :t]], dim=1)
-            token = torch.where(finished, pad_id, choose_tokens(logits, sampling, seen))  # finished rows emit pad
-            out[:, t] = token
-            finished |= torch.isin(token, eos)
-            if t + 1 == max_new_tokens or ((t + 1) % FINISH_CHECK_EVERY == 0 and bool(finished.all())):
-                steps = t + 1
+        for taken in range(1, max_new_tokens + 1):
+            if taken == max_new_tokens or (taken % FINISH_CHECK_EVERY == 0 and bool(state.finished.all())):
+                steps = taken
                 break
-            state.tokens.copy_(token[:, None])
-            logits = self._step(model)
-        return cut_at_eos(out[:count, :steps].cpu(), eos_ids)
+            self._step(model)
+        return cut_at_eos(state.out[:count, :steps].cpu(), eos_ids)
 
-    def _step(self, model: Any) -> torch.Tensor:
+    def _step(self, model: Any) -> None:
         if self._graph is None:
-            return decode_step(model, self.state, self._dtype)
-        self._graph.replay()
-        return self._graph_logits
+            decode_and_take(model, self.state, self._dtype)
+        else:
+            self._graph.replay()
 
-    def _fit(self, model: Any, rows: int, length: int, device: torch.device) -> None:
+    def _fit(self, model: Any, rows: int, length: int, device: torch.device, recipe: tuple) -> None:
         state = self.state
-        if state is not None and self._model_id == id(model) and state.rows >= rows and state.length >= length:
+        if (
+            state is not None
+            and self._model_id == id(model)
+            and self._recipe == recipe
+            and state.rows >= rows
+            and state.length >= length
+        ):
             return
         from transformers import StaticCache
 
         self.release()
+        sampling, eos_ids, pad_id = recipe
         rows, length = _round_up(rows, ROW_MULTIPLE), _round_up(length, LENGTH_MULTIPLE)
         config = model.config
         self._dtype = next(model.parameters()).dtype
@@ -258,11 +305,19 @@ class StaticDecoder:
             key_index=torch.arange(length, device=device),
             additive_mask=config._attn_implementation == "eager",
             cache_argument=cache_argument(model),
+            sampling=sampling,
+            pad_id=pad_id,
+            eos=torch.tensor(eos_ids, dtype=torch.long, device=device).reshape(-1),
+            out=torch.full((rows, length), pad_id, dtype=torch.long, device=device),
+            finished=torch.zeros(rows, dtype=torch.bool, device=device),
+            step=torch.zeros(1, dtype=torch.long, device=device),
         )
-        self._model_id = id(model)
+        self._model_id, self._recipe = id(model), recipe
         # StaticCache allocates its layers on the first write: a one-token prefill does it before any capture.
         one = torch.ones((rows, 1), dtype=torch.bool, device=device)
-        prefill(model, state, state.tokens, one, self._dtype)
+        logits = prefill(model, state, state.tokens, one, self._dtype)
+        if sampling.repetition_penalty != 1.0:
+            state.seen = torch.zeros((rows, logits.size(-1) + 1), dtype=torch.bool, device=device)
         if self.use_graph:
             self._capture(model)
 
@@ -271,17 +326,17 @@ class StaticDecoder:
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(WARMUP_STEPS):
-                decode_step(model, self.state, self._dtype)
+                decode_and_take(model, self.state, self._dtype)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            self._graph_logits = decode_step(model, self.state, self._dtype)
+            decode_and_take(model, self.state, self._dtype)
         self._graph = graph
         self.captures += 1
 
     def release(self) -> None:
         """Drop the cache and graph (their memory goes back to the allocator)."""
-        self.state, self._graph, self._graph_logits, self._model_id = None, None, None, None
+        self.state, self._graph, self._model_id, self._recipe = None, None, None, None
 
 
 # ---- choosing the backend -------------------------------------------------------------------------

@@ -90,6 +90,29 @@ def test_graph_with_lora_adapters_updated_in_place(tiny_model_path: Path) -> Non
     assert decoder.captures == 1
 
 
+@pytest.mark.parametrize(
+    "sampling",
+    [Sampling(temperature=0.8, top_k=30, top_p=0.95, min_p=0.05), Sampling(repetition_penalty=1.3)],
+    ids=["warpers", "repetition"],
+)
+def test_graph_samples_what_the_eager_twin_samples(tiny_model_path: Path, sampling: Sampling) -> None:
+    """The graph holds the sampling too: under the same seed its replays draw the eager twin's tokens."""
+    model = load(tiny_model_path, torch.float32)
+    prompts = many_prompts(16, model.config.vocab_size, seed=1)
+
+    def sampled(decoder: StaticDecoder) -> list[list[int]]:
+        with torch.no_grad():
+            decoder.generate(model, prompts, MAX_NEW, EOS, PAD, sampling)  # fits (and captures) the bucket
+            torch.manual_seed(7)
+            return decoder.generate(model, prompts, MAX_NEW, EOS, PAD, sampling)
+
+    graph = StaticDecoder(use_graph=True)
+    got = sampled(graph)
+    assert got == sampled(StaticDecoder(use_graph=False))
+    assert graph.captures == 1
+    assert len({tuple(row) for row in got}) > 1  # sampled, not one repeated row
+
+
 def test_training_on_cuda_uses_the_graph(tiny_model_path: Path, tmp_path: Path) -> None:
     from tests.test_trainer import make_run, run_steps
 
