@@ -54,7 +54,10 @@ class Backend:
         from grpo_tui.train.generation import StaticDecoder
 
         self.name, self.model, self.pad_id = name, model, pad_id
-        self.decoder = StaticDecoder(use_graph=model.device.type == "cuda") if name == "graph" else None
+        # graph-compiled: the graph of torch.compile's fused token step (an experiment, not yet a preset choice).
+        compiled = name == "graph-compiled"
+        use_graph = model.device.type == "cuda"
+        self.decoder = StaticDecoder(use_graph, compiled) if name in ("graph", "graph-compiled") else None
 
     def run(self, prompts: list[list[int]], new_tokens: int, stop_ids: list[int], ignore_eos: bool) -> list[list[int]]:
         from grpo_tui.train.generation import Sampling, cut_at_eos

@@ -221,8 +221,10 @@ class StaticDecoder:
     the host only replays it and checks every `FINISH_CHECK_EVERY` steps whether all rows have ended.
     """
 
-    def __init__(self, use_graph: bool) -> None:
+    def __init__(self, use_graph: bool, compiled: bool = False) -> None:
         self.use_graph = use_graph
+        # torch.compile's fused kernels for the token step (captured as they are by the graph when use_graph).
+        self._take = torch.compile(decode_and_take, dynamic=False) if compiled else decode_and_take
         self.state: DecodeState | None = None
         self.captures = 0  # graphs captured so far (tests and the benchmark read it)
         self._model_id: int | None = None
@@ -275,7 +277,7 @@ class StaticDecoder:
 
     def _step(self, model: Any) -> None:
         if self._graph is None:
-            decode_and_take(model, self.state, self._dtype)
+            self._take(model, self.state, self._dtype)
         else:
             self._graph.replay()
 
@@ -326,11 +328,11 @@ class StaticDecoder:
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(WARMUP_STEPS):
-                decode_and_take(model, self.state, self._dtype)
+                self._take(model, self.state, self._dtype)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            decode_and_take(model, self.state, self._dtype)
+            self._take(model, self.state, self._dtype)
         self._graph = graph
         self.captures += 1
 
