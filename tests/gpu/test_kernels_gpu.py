@@ -221,3 +221,34 @@ def test_bf16_extra_peak_is_the_accumulator_and_one_chunk(padding):
     score_mib = extra_mib(lambda: selective_logprobs(hidden.detach(), weight.detach(), ids, mask=mask))
     score_chunk = default_chunk_tokens(V, torch.bfloat16, scoring=True)
     assert score_chunk * V * 2 / MIB - 1 < score_mib < score_chunk * V * 2 / MIB + 8, (score_mib, score_chunk)
+
+
+def test_kernels_compile_once_whatever_the_valid_token_count() -> None:
+    """A step's valid-token count (and so every chunk slice's offset and the last chunk's rows) changes with the
+    rollout; the kernels must not compile again for it (each compile took ~2.5 s inside a training step)."""
+    import triton
+
+    compiles: list[object] = []
+    previous = triton.knobs.runtime.jit_post_compile_hook
+
+    def count(*args: object, **kwargs: object) -> None:
+        compiles.append(kwargs.get("fn") or args)
+
+    def step(valid: int) -> None:
+        # A vocabulary no other test uses, so the first call here compiles in this process.
+        inp = _inputs(4, 640, 72, 3001, torch.bfloat16, seed=valid)
+        inp["mask"] = (torch.arange(4 * 640, device="cuda") < valid).long().view(4, 640)
+        _run(fused_linear_grpo_loss, inp, torch.bfloat16, beta=0.04, chunk_tokens=256)
+        with torch.no_grad():
+            selective_logprobs(inp["hidden"].bfloat16(), inp["weight"].bfloat16(), inp["ids"], mask=inp["mask"])
+
+    triton.knobs.runtime.jit_post_compile_hook = count
+    try:
+        step(2048)
+        assert compiles  # the hook sees compiles: the first call compiles (and autotunes) for this vocabulary
+        compiles.clear()
+        for valid in (1, 3, 17, 1001, 1003, 2047, 2049, 2558):
+            step(valid)
+    finally:
+        triton.knobs.runtime.jit_post_compile_hook = previous
+    assert compiles == []
