@@ -59,35 +59,37 @@ def test_graph_greedy_agrees_with_generate_bf16(tiny_model_path: Path) -> None:
     assert got == twin
 
 
-def test_graph_follows_weights_updated_in_place(tiny_model_path: Path) -> None:
+@pytest.mark.parametrize("compiled", [False, True], ids=["plain", "compiled"])
+def test_graph_follows_weights_updated_in_place(tiny_model_path: Path, compiled: bool) -> None:
     model = load(tiny_model_path, torch.float32)
-    decoder = StaticDecoder(use_graph=True)
+    decoder = StaticDecoder(use_graph=True, compiled=compiled)
     before = graph_decode(decoder, model, PROMPTS, [1])
     generator = torch.Generator(device="cuda").manual_seed(0)
     with torch.no_grad():  # as the optimizer does: same storage, new values
         for p in model.parameters():
             p.add_(torch.randn(p.shape, device="cuda", generator=generator) * 0.05)
     after = graph_decode(decoder, model, PROMPTS, [1])
-    assert decoder.captures == 1  # replayed, not captured again
+    assert decoder.captures == 1 and decoder.compiled == compiled  # replayed, not captured again
     assert after == reference(model, PROMPTS, [1], do_sample=False)
     assert after != before
 
 
-def test_graph_with_lora_adapters_updated_in_place(tiny_model_path: Path) -> None:
+@pytest.mark.parametrize("compiled", [False, True], ids=["plain", "compiled"])
+def test_graph_with_lora_adapters_updated_in_place(tiny_model_path: Path, compiled: bool) -> None:
     from peft import LoraConfig, get_peft_model
 
     model = get_peft_model(
         load(tiny_model_path, torch.float32),
         LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "v_proj", "up_proj"]),
     ).eval()
-    decoder = StaticDecoder(use_graph=True)
+    decoder = StaticDecoder(use_graph=True, compiled=compiled)
     graph_decode(decoder, model, PROMPTS, [1])
     with torch.no_grad():  # lora_B starts at zero: give the adapters an effect, in place
         for name, p in model.named_parameters():
             if "lora_B" in name:
                 p.normal_(0.0, 0.5)
     assert graph_decode(decoder, model, PROMPTS, [1]) == reference(model, PROMPTS, [1], do_sample=False)
-    assert decoder.captures == 1
+    assert decoder.captures == 1 and decoder.compiled == compiled
 
 
 @pytest.mark.parametrize(

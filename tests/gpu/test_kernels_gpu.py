@@ -252,3 +252,20 @@ def test_kernels_compile_once_whatever_the_valid_token_count() -> None:
     finally:
         triton.knobs.runtime.jit_post_compile_hook = previous
     assert compiles == []
+
+
+@pytest.mark.parametrize("group", [1, 2, 4])
+def test_decode_attention_bf16_matches_sdpa(group: int) -> None:
+    from grpo_kernels.decode_attention import decode_attention
+
+    g = torch.Generator(device="cuda").manual_seed(group)
+    rows, kv_heads, length, dim = 24, 4, 384, 128
+    query = torch.randn(rows, kv_heads * group, 1, dim, device="cuda", generator=g).bfloat16()
+    key, value = (torch.randn(rows, kv_heads, length, dim, device="cuda", generator=g).bfloat16() for _ in range(2))
+    index = torch.arange(length, device="cuda")
+    starts = torch.randint(0, 100, (rows,), device="cuda", generator=g)
+    mask = (index[None, :] >= starts[:, None]) & (index[None, :] <= 250)
+    got = decode_attention(query, key, value, mask, dim**-0.5)
+    k, v = (t.float().repeat_interleave(group, dim=1) for t in (key, value))
+    expected = F.scaled_dot_product_attention(query.float(), k, v, attn_mask=mask[:, None, None, :]).transpose(1, 2)
+    torch.testing.assert_close(got.float(), expected, rtol=0, atol=2e-2)
