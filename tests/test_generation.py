@@ -353,28 +353,6 @@ def test_benchmark_sampling_match_is_in_units_of_the_combined_standard_error() -
     assert near_row["within_spread"] and not far_row["within_spread"]
 
 
-def test_decode_steps_through_the_kernel_route_match_generate(model: torch.nn.Module, monkeypatch) -> None:
-    """On a Triton device every decode step's attention goes to grpo_kernels.decode_attention; here the route is
-    forced on CPU (the op runs its torch twin) and greedy decoding still gives generate's tokens."""
-    import grpo_kernels.decode_attention as da
-    import grpo_kernels.triton_ops as ops
-
-    calls: list[tuple[int, ...]] = []
-    real = da.decode_attention
-
-    def counted(query, *args, **kwargs):
-        calls.append(tuple(query.shape))
-        return real(query, *args, **kwargs)
-
-    monkeypatch.setattr(ops, "use_triton", lambda device: True)
-    monkeypatch.setattr(da, "use_triton", lambda device: False)  # the op itself: its twin, as on CPU
-    monkeypatch.setattr(da, "decode_attention", counted)
-    got = decode(StaticDecoder(use_graph=False), model, EOS, Sampling(greedy=True))
-    assert got == reference(model, PROMPTS, EOS, do_sample=False)
-    layers = model.config.num_hidden_layers
-    assert calls and len(calls) % layers == 0 and all(shape[2] == 1 for shape in calls)  # decode steps only
-
-
 def test_a_failed_compile_falls_back_to_the_plain_step_with_a_reason(model: torch.nn.Module) -> None:
     reasons: list[str] = []
     decoder = StaticDecoder(use_graph=False, compiled=True, on_compile_failure=reasons.append)

@@ -5,10 +5,6 @@ whenever a mask is given, and the decoder always gives one (left padding, unwrit
 decode time that copy dominates: measured on the H200 (Qwen3-0.6B shape, 128 rows, bf16), the captured
 step ran at 5.5% of the memory-bandwidth bound, its time growing with the KV cache, not the weights.
 
-A decode step (one query per row) on a Triton device goes to `grpo_kernels.decode_attention`, which reads
-only the cache slots the mask allows (left padding and unwritten slots are skipped, not masked) and folds
-the group the same way. Otherwise (prefill, CPU, eager attention's additive mask):
-
 Folding instead views the queries [R, H, q, D] as [R, H_kv, G*q, D] (head h = kv * G + g, the order
 repeat_kv uses), so each key/value head is read once by the G queries of its group; the mask is repeated
 over g, which is small. Same arithmetic per (query head, key) pair as the unfolded attention.
@@ -40,10 +36,6 @@ def folded_attention(
     """transformers' attention-function contract: [R, H, q, D] queries, [R, H_kv, L, D] keys/values, a bool
     (True = attend) or additive mask [R, 1, q, L]; returns [R, q, H, D] and no weights."""
     rows, heads, length, dim = query.shape
-    if length == 1 and _single_query_kernel(query, attention_mask):
-        from grpo_kernels.decode_attention import decode_attention
-
-        return decode_attention(query, key, value, attention_mask[:, 0, 0], scaling), None
     kv_heads = key.shape[1]
     group = heads // kv_heads
     q = query.reshape(rows, kv_heads, group * length, dim)
@@ -55,14 +47,6 @@ def folded_attention(
         mask = mask[:, :, None].expand(rows, 1, group, length, keys).reshape(rows, 1, group * length, keys)
     out = F.scaled_dot_product_attention(q, key, value, attn_mask=mask, dropout_p=dropout, scale=scaling)
     return out.reshape(rows, heads, length, dim).transpose(1, 2).contiguous(), None
-
-
-def _single_query_kernel(query: torch.Tensor, mask: torch.Tensor | None) -> bool:
-    """Whether a decode step's attention goes to grpo_kernels' decode kernel: on devices where its Triton kernel
-    runs, with a bool mask (sdpa's; eager attention's additive mask stays on the path below)."""
-    from grpo_kernels.triton_ops import use_triton
-
-    return mask is not None and mask.dtype == torch.bool and mask.shape[1:3] == (1, 1) and use_triton(query.device)
 
 
 def _register() -> None:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import zlib
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -20,8 +23,22 @@ BF16_LOSS_RTOL, BF16_GRAD_COS = 2e-3, 0.9999
 FP32_LOSS_RTOL, FP32_GRAD_COS = 1e-5, 0.99999
 
 
+_CALLS: dict[str, int] = {}
+
+
+def _seed() -> int:
+    """Fixed per test and call (as in tests/kernels), so a failure recurs; GRPO_TEST_RANDOM_SEEDS=1 draws fresh ones."""
+    if os.environ.get("GRPO_TEST_RANDOM_SEEDS"):
+        return torch.seed() % 2**31
+    test = os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0]
+    _CALLS[test] = _CALLS.get(test, -1) + 1
+    return zlib.crc32(f"{test}#{_CALLS[test]}".encode()) % 2**31
+
+
 def _inputs(B, T, H, V, dtype, *, off_policy=True, bias=False, seed=None):
-    g = torch.Generator(device="cuda").manual_seed(seed if seed is not None else torch.seed() % 2**31)
+    seed = seed if seed is not None else _seed()
+    print(f"inputs seed={seed}")  # pytest shows it beside a failure
+    g = torch.Generator(device="cuda").manual_seed(seed)
     hid = torch.randn(B, T, H, device="cuda", generator=g).to(dtype).double()
     w = (torch.randn(V, H, device="cuda", generator=g) * 2 / H**0.5).to(dtype).double()
     b = torch.randn(V, device="cuda", generator=g).to(dtype).double() if bias else None
@@ -252,20 +269,3 @@ def test_kernels_compile_once_whatever_the_valid_token_count() -> None:
     finally:
         triton.knobs.runtime.jit_post_compile_hook = previous
     assert compiles == []
-
-
-@pytest.mark.parametrize("group", [1, 2, 4])
-def test_decode_attention_bf16_matches_sdpa(group: int) -> None:
-    from grpo_kernels.decode_attention import decode_attention
-
-    g = torch.Generator(device="cuda").manual_seed(group)
-    rows, kv_heads, length, dim = 24, 4, 384, 128
-    query = torch.randn(rows, kv_heads * group, 1, dim, device="cuda", generator=g).bfloat16()
-    key, value = (torch.randn(rows, kv_heads, length, dim, device="cuda", generator=g).bfloat16() for _ in range(2))
-    index = torch.arange(length, device="cuda")
-    starts = torch.randint(0, 100, (rows,), device="cuda", generator=g)
-    mask = (index[None, :] >= starts[:, None]) & (index[None, :] <= 250)
-    got = decode_attention(query, key, value, mask, dim**-0.5)
-    k, v = (t.float().repeat_interleave(group, dim=1) for t in (key, value))
-    expected = F.scaled_dot_product_attention(query.float(), k, v, attn_mask=mask[:, None, None, :]).transpose(1, 2)
-    torch.testing.assert_close(got.float(), expected, rtol=0, atol=2e-2)
