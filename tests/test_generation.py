@@ -355,13 +355,13 @@ def test_benchmark_sampling_match_is_in_units_of_the_combined_standard_error() -
 
 def test_a_failed_compile_falls_back_to_the_plain_step_with_a_reason(model: torch.nn.Module) -> None:
     reasons: list[str] = []
-    decoder = StaticDecoder(use_graph=False, compiled=True, on_compile_failure=reasons.append)
+    decoder = StaticDecoder(use_graph=False, on_compile_failure=reasons.append)
     decode(decoder, model, EOS, Sampling(greedy=True))  # fits a bucket
 
     def broken(*args, **kwargs):
         raise RuntimeError("inductor: backend compiler failed\nlong traceback text")
 
-    decoder._take = broken
+    decoder.compiled, decoder._take = True, broken  # a compiled step that fails (no inductor run on the CPU)
     with torch.no_grad():
         decoder._warm_up(model)  # what capture runs first, on CUDA
     assert not decoder.compiled
