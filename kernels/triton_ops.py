@@ -52,10 +52,9 @@ def use_triton(device: torch.device) -> bool:
 
 
 def _jit(*, loose: tuple[str, ...] = (), loose_ints: tuple[str, ...] = ()):
-    """triton.jit, compiled once per model whatever the chunk: `loose` pointers are not specialised on 16-byte
-    alignment and `loose_ints` not on divisibility by 16 (or == 1). Those differ from chunk to chunk (slices at a
-    chunk's offset, a last chunk's row count), and each new combination compiled the kernel again, ~2.5 s each on
-    the H200, inside a training step (measured: a step with rollouts of other lengths took 9.0 s instead of 4.4)."""
+    """triton.jit, compiled once per model: `loose` pointers not specialised on 16-byte alignment, `loose_ints` not
+    on divisibility by 16. Both change with a chunk's offset and a last chunk's rows, and each new combination
+    compiled the kernel again inside a training step (~2.5 s each on the H200)."""
 
     def wrap(fn):
         if not HAS_TRITON:
@@ -165,23 +164,11 @@ def _pow2_at_most(n: int, cap: int) -> int:
     return min(cap, 1 << max(0, (n - 1).bit_length()))
 
 
-@_jit(
-    loose=(
-        "part_max_ptr",
-        "part_sum_ptr",
-        "part_xsum_ptr",
-        "target_logit_ptr",
-        "logp_ptr",
-        "ent_ptr",
-        "lse_ptr",
-        "grad_ptr",
-        "old_ptr",
-        "ref_ptr",
-        "adv_ptr",
-        "w_ptr",
-    ),
-    loose_ints=("n_rows",),
-)
+# Every pointer of `_finish_rows_kernel` (one value per row, read in small tiles): none is specialised.
+_ROW_POINTERS = "part_max_ptr part_sum_ptr part_xsum_ptr target_logit_ptr logp_ptr ent_ptr lse_ptr grad_ptr old_ptr"
+
+
+@_jit(loose=(*_ROW_POINTERS.split(), "ref_ptr", "adv_ptr", "w_ptr"), loose_ints=("n_rows",))
 def _finish_rows_kernel(
     part_max_ptr,
     part_sum_ptr,

@@ -15,7 +15,8 @@ import torch
 from transformers import AutoModelForCausalLM, GenerationConfig
 
 from grpo_tui.config.schema import GENERATION_BACKENDS, PresetError, validate_data
-from grpo_tui.train.generation import Sampling, StaticDecoder, choose_backend, choose_tokens, cut_at_eos
+from grpo_tui.train.generation import Sampling, StaticDecoder, choose_tokens, cut_at_eos
+from grpo_tui.train.rollouts import choose_backend
 
 # "1+2=", "12+34=", "7+45=", "99+9=", "3+4", "56+78=", "5+5=", "80+1=" in the tiny tokenizer: different
 # lengths, so rows are left-padded by different amounts.
@@ -190,9 +191,9 @@ def test_auto_is_graph_on_cuda_where_it_can_run_else_generate() -> None:
 
 def test_unknown_backend_is_one_line_listing_the_allowed() -> None:
     with pytest.raises(PresetError) as caught:
-        validate_data({"grpo": {"generation_backend": "vllm"}}, "p.toml")
+        validate_data({"grpo": {"generation_backend": "sglang"}}, "p.toml")
     (line,) = caught.value.lines
-    assert line.startswith("p.toml: grpo.generation_backend: got 'vllm'")
+    assert line.startswith("p.toml: grpo.generation_backend: got 'sglang'")
     assert all(f"'{name}'" in line for name in GENERATION_BACKENDS)
     assert validate_data({"grpo": {"generation_backend": "graph"}}, "p.toml").grpo.generation_backend == "graph"
 
@@ -375,3 +376,41 @@ def test_an_error_of_the_plain_step_is_not_swallowed(model: torch.nn.Module) -> 
     decoder._take = lambda *args: (_ for _ in ()).throw(RuntimeError("CUDA error: out of memory"))
     with pytest.raises(RuntimeError, match="out of memory"), torch.no_grad():
         decoder._warm_up(model)
+
+
+def test_vllm_is_checked_before_launch(monkeypatch) -> None:
+    """vllm passes through to TRL (unmeasured here: vLLM cannot be installed on the project's GPU machine), so
+    what is tested is the configuration it produces and the checks in front of it."""
+    import importlib.util
+
+    from grpo_tui.config.checks import check_preset
+    from grpo_tui.config.schema import Preset
+
+    def errors(**sections) -> list[str]:
+        result = check_preset(Preset.model_validate(sections), environment=False)
+        return [e for e in result.errors if e.startswith("grpo.generation_backend")]
+
+    gpu, vllm = {"use_cpu": False}, {"generation_backend": "vllm"}
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
+    [missing] = errors(grpo=vllm, loss={"impl": "trl"}, distributed=gpu)
+    assert "pip install vllm" in missing and "allowed without it: auto, generate, static, graph" in missing
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "vllm" else real(name, *a))
+    assert errors(grpo=vllm, loss={"impl": "trl"}, distributed=gpu) == []
+    assert errors(grpo=vllm, loss={"impl": "naive"}, distributed=gpu) == []
+    [chunked] = errors(grpo=vllm, loss={"impl": "chunked"}, distributed=gpu)
+    assert "loss.impl chunked" in chunked and "use loss.impl trl or naive" in chunked
+    [cpu] = errors(grpo=vllm, loss={"impl": "trl"}, distributed={"use_cpu": True})
+    assert "needs a GPU" in cpu
+    assert all("\n" not in line for line in (missing, chunked, cpu))
+
+
+@pytest.mark.parametrize(("backend", "use_vllm"), [("vllm", True), ("graph", False), ("auto", False)])
+def test_vllm_sets_trls_colocated_vllm_path(tmp_path: Path, backend: str, use_vllm: bool) -> None:
+    from grpo_tui.config.schema import Preset
+    from grpo_tui.runs.folder import RunDir
+    from grpo_tui.train.config_map import grpo_config
+
+    config = grpo_config(Preset.model_validate({"grpo": {"generation_backend": backend}}), RunDir(tmp_path))
+    assert config.use_vllm is use_vllm and config.vllm_mode == "colocate"
+    assert choose_backend(backend, "cuda", []) == ("graph" if backend == "auto" else backend, None)

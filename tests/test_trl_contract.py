@@ -80,7 +80,7 @@ TRL_CONTRACT: dict[str, Coupling] = {
     ),
     "trl.GRPOTrainer._entropy_bonus_enabled": _attr(),  # chunked refuses it; naive keeps entropy's graph
     # a vision-language model cannot use the graph decoder (it falls back to generate)
-    "trl.GRPOTrainer._is_vlm": _attr(used_by="grpo_tui/train/generation.py"),
+    "trl.GRPOTrainer._is_vlm": _attr(used_by="grpo_tui/train/rollouts.py"),
     "trl.GRPOTrainer.current_gradient_accumulation_steps": _attr(  # set by Trainer's loop; the normalisers read it
         used_by=f"{TRAINER} and grpo_tui/tools/parity_check.py"
     ),
@@ -96,6 +96,9 @@ TRL_CONTRACT: dict[str, Coupling] = {
     "trl.GRPOConfig.delta": Coupling("field", (), TRAINER),
     "trl.GRPOConfig.use_bias_correction_kl": Coupling("field", (), f"{TRAINER} and grpo_tui/train/config_map.py"),
     "trl.GRPOConfig.steps_per_generation": Coupling("field", (), TRAINER),
+    # grpo.generation_backend = vllm: TRL's own vLLM path, colocated
+    "trl.GRPOConfig.use_vllm": Coupling("field", (), "grpo_tui/train/config_map.py"),
+    "trl.GRPOConfig.vllm_mode": Coupling("field", (), "grpo_tui/train/config_map.py"),
     # Helpers outside TRL's top-level API
     "trl.trainer.utils.nanmax": _sig("tensor"),
     "trl.trainer.utils.nanmin": _sig("tensor"),

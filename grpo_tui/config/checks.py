@@ -114,6 +114,8 @@ def _check_sub_batches(preset: Preset, result: CheckResult) -> None:
 
 def _check_generation(preset: Preset, result: CheckResult) -> None:
     backend, d = preset.grpo.generation_backend, preset.distributed
+    if backend == "vllm":
+        _check_vllm(preset, result)
     if backend != "graph":
         return
     # The trainer falls back to generate in these cases; saying so before launch saves a surprise in the log.
@@ -128,6 +130,23 @@ def _check_generation(preset: Preset, result: CheckResult) -> None:
         result.notes.append(
             "grpo.generation_backend: graph supports model.attn_implementation sdpa or eager; with "
             "flash_attention_2 the run uses generate"
+        )
+
+
+def _check_vllm(preset: Preset, result: CheckResult) -> None:
+    import importlib.util
+
+    if preset.loss.impl == "chunked":
+        result.errors.append(
+            "grpo.generation_backend: vllm goes through TRL's vLLM path, which loss.impl chunked does not "
+            "implement (its importance-sampling correction); use loss.impl trl or naive"
+        )
+    if preset.distributed.use_cpu:
+        result.errors.append("grpo.generation_backend: vllm needs a GPU; on the CPU use generate or auto")
+    elif importlib.util.find_spec("vllm") is None:
+        result.errors.append(
+            "grpo.generation_backend: vllm needs the vllm package (pip install vllm), not installed here; "
+            "allowed without it: auto, generate, static, graph"
         )
 
 

@@ -51,7 +51,7 @@ def name_from_stem(stem: str) -> str:
 LossImpl = Literal["chunked", "naive", "trl"]
 # Read from the type, so the CLI, the trainer and the control reader cannot drift from the schema.
 LOSS_IMPLS: tuple[str, ...] = typing.get_args(LossImpl)
-GenerationBackend = Literal["auto", "generate", "static", "graph"]
+GenerationBackend = Literal["auto", "generate", "static", "graph", "vllm"]
 GENERATION_BACKENDS: tuple[str, ...] = typing.get_args(GenerationBackend)
 
 
@@ -139,8 +139,8 @@ class GrpoSection(_Section):
     generation_backend: GenerationBackend = Field(
         "auto",
         description="generate (TRL's model.generate) | static (transformers' static cache, compiled) | graph "
-        "(ours: static cache + CUDA-graph decode step, ~7.7x generate on an H200) | auto (graph on CUDA where it "
-        "can run, else generate)",
+        "(ours: static cache, compiled token step in a CUDA graph, ~13x generate on an H200) | auto (graph on CUDA "
+        "where it can run, else generate) | vllm (TRL's vLLM, colocated; needs vllm installed; unmeasured here)",
     )
     scoring_sub_batch: Count | None = Field(
         None,

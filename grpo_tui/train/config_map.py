@@ -53,6 +53,9 @@ def grpo_config(preset: Preset, run: RunDir) -> Any:
             "attn_implementation": preset.model.attn_implementation,
             "trust_remote_code": preset.model.trust_remote_code,
         },
+        # grpo.generation_backend = vllm passes through to TRL's own vLLM path, in the same process and GPU.
+        use_vllm=g.generation_backend == "vllm",
+        vllm_mode="colocate",
         disable_tqdm=True,
         log_completions=False,
         # TRL 1.16 weights the KL term by the importance ratio by default; the chunked kernel's KL is the

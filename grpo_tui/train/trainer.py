@@ -125,8 +125,8 @@ class GrpoTuiTrainer(LossPhaseMixin, GRPOTrainer):
         on_event: Callable[..., None] | None = None,
         **kwargs: Any,
     ) -> None:
-        from grpo_tui.train.generation import Rollouts
         from grpo_tui.train.phase_memory import PhaseMemory, StepProfiler
+        from grpo_tui.train.rollouts import Rollouts
 
         self.loss_impl = loss_impl
         self.impl_of_step = loss_impl  # the impl that computed the current step's loss
