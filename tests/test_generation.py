@@ -15,7 +15,7 @@ import torch
 from transformers import AutoModelForCausalLM, GenerationConfig
 
 from grpo_tui.config.schema import GENERATION_BACKENDS, PresetError, validate_data
-from grpo_tui.train.generation import Sampling, StaticDecoder, choose_tokens, cut_at_eos
+from grpo_tui.train.generation import Sampling, StaticDecoder, choose_tokens, cut_at_eos, decode_and_take
 from grpo_tui.train.rollouts import choose_backend
 
 # "1+2=", "12+34=", "7+45=", "99+9=", "3+4", "56+78=", "5+5=", "80+1=" in the tiny tokenizer: different
@@ -414,3 +414,17 @@ def test_vllm_sets_trls_colocated_vllm_path(tmp_path: Path, backend: str, use_vl
     config = grpo_config(Preset.model_validate({"grpo": {"generation_backend": backend}}), RunDir(tmp_path))
     assert config.use_vllm is use_vllm and config.vllm_mode == "colocate"
     assert choose_backend(backend, "cuda", []) == ("graph" if backend == "auto" else backend, None)
+
+
+def test_the_first_compile_of_a_bucket_shape_is_announced(model: torch.nn.Module, monkeypatch) -> None:
+    """Compiling takes ~35 s on the first rollout: the log says so once per shape, not at every rollout's capture."""
+    shapes: list[tuple[int, int]] = []
+    decoder = StaticDecoder(use_graph=True, compiled=True, on_compile_start=lambda *shape: shapes.append(shape))
+    monkeypatch.setattr(decoder, "_capture", lambda model: None)  # no CUDA here: the step runs eagerly
+    monkeypatch.setattr(decoder, "_take", decode_and_take)  # and uncompiled
+    decode(decoder, model, EOS, Sampling(greedy=True))
+    decoder.release()  # what the trainer does after every rollout
+    decode(decoder, model, EOS, Sampling(greedy=True))
+    assert shapes == [(decoder.state.rows, decoder.state.length)]
+    decode(decoder, model, EOS, Sampling(greedy=True), PROMPTS * 3)  # a larger bucket: compiled again
+    assert len(shapes) == 2 and shapes[1][0] >= len(PROMPTS) * 3

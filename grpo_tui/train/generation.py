@@ -223,7 +223,11 @@ class StaticDecoder:
     """
 
     def __init__(
-        self, use_graph: bool, compiled: bool = False, on_compile_failure: Callable[[str], None] | None = None
+        self,
+        use_graph: bool,
+        compiled: bool = False,
+        on_compile_failure: Callable[[str], None] | None = None,
+        on_compile_start: Callable[[int, int], None] | None = None,
     ) -> None:
         self.use_graph = use_graph
         # torch.compile's fused kernels for the token step (the graph captures them as they are): ~1.5x the
@@ -231,6 +235,8 @@ class StaticDecoder:
         self.compiled = compiled
         self._take = torch.compile(decode_and_take, dynamic=False) if compiled else decode_and_take
         self._on_compile_failure = on_compile_failure
+        self._on_compile_start = on_compile_start  # (rows, length): a bucket shape compiled for the first time
+        self._compiled_shapes: set[tuple] = set()
         self.state: DecodeState | None = None
         self.captures = 0  # graphs captured so far (tests and the benchmark read it)
         self._model_id: int | None = None
@@ -327,6 +333,10 @@ class StaticDecoder:
         if sampling.repetition_penalty != 1.0:
             state.seen = torch.zeros((rows, logits.size(-1) + 1), dtype=torch.bool, device=device)
         if self.use_graph:
+            shape = (rows, length, recipe)
+            if self.compiled and shape not in self._compiled_shapes and self._on_compile_start is not None:
+                self._on_compile_start(rows, length)
+            self._compiled_shapes.add(shape)
             self._capture(model)
 
     def _warm_up(self, model: Any) -> None:

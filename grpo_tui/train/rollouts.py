@@ -65,12 +65,20 @@ class Rollouts:
             trainer.generation_config.disable_compile = False
             trainer.generation_kwargs["cache_implementation"] = "static"
         self.decoder = (
-            StaticDecoder(use_graph=True, compiled=True, on_compile_failure=self._compile_failed)
+            StaticDecoder(True, True, on_compile_failure=self._compile_failed, on_compile_start=self._compiling)
             if self.backend == "graph"
             else None
         )
         self._on_event = on_event
         self.tokens = 0  # completion tokens generated since the last `take_tokens`
+
+    def _compiling(self, rows: int, length: int) -> None:
+        if self.trainer.accelerator.is_main_process:  # the first rollout's minute would otherwise look like a hang
+            print(
+                f"grpo-tui: graph decoder: compiling the token step for {rows} rows x {length} positions "
+                "(once per shape; ~35 s on an H200 the first time, cached on disk for later runs)",
+                flush=True,
+            )
 
     def _compile_failed(self, reason: str) -> None:
         if self.trainer.accelerator.is_main_process:
