@@ -32,7 +32,11 @@ from typing import Any
 
 import torch
 
-BACKENDS = ("graph", "generate", "static")  # graph first: fastest; static last: compiles, may hit the budget
+BACKENDS = (
+    "graph",
+    "generate",
+    "static",
+)  # also graph-plain and NAME@sdpa-kernels (see Backend)  # graph first: fastest; static last: compiles, may hit the budget
 STOP_FRACTION = 0.01  # share of the vocabulary that ends a completion in the sampling check
 
 
@@ -54,10 +58,15 @@ class Backend:
         from grpo_tui.train.generation import StaticDecoder
 
         self.name, self.model, self.pad_id = name, model, pad_id
-        # graph-compiled: the graph of torch.compile's fused token step (an experiment, not yet a preset choice).
-        compiled = name == "graph-compiled"
+        # graph-plain: the captured step without torch.compile (graph compiles it, as the trainer does);
+        # NAME@sdpa[+sdpa]: the decode steps restricted to those sdpa kernels (e.g. graph@efficient).
+        base, _, sdpa = name.partition("@")
         use_graph = model.device.type == "cuda"
-        self.decoder = StaticDecoder(use_graph, compiled) if name in ("graph", "graph-compiled") else None
+        sdpa_backends = tuple(sdpa.split("+")) if sdpa else ()
+        if base in ("graph", "graph-plain"):
+            self.decoder = StaticDecoder(use_graph, base == "graph" and use_graph, sdpa_backends=sdpa_backends)
+        else:
+            self.decoder = None
 
     def run(self, prompts: list[list[int]], new_tokens: int, stop_ids: list[int], ignore_eos: bool) -> list[list[int]]:
         from grpo_tui.train.generation import Sampling, cut_at_eos

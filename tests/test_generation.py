@@ -324,12 +324,16 @@ def test_benchmark_smoke_on_cpu(tiny_model_path: Path, tmp_path: Path) -> None:
         "4",
         "--samples",
         "8",
+        "--backends",
+        "graph,generate,static,graph-plain@math",
+        "--no-sampling",
+        "graph-plain@math",
         "--out",
         str(tmp_path),
     ]
     assert bench.main(argv) == 0
     result = json.loads((tmp_path / "generation-bench.json").read_text())
-    assert [r["backend"] for r in result["throughput"]] == ["graph", "generate", "static"]
+    assert [r["backend"] for r in result["throughput"]] == ["graph", "generate", "static", "graph-plain@math"]
     assert all(r["tokens_per_s"] > 0 and 0 < r["bound_fraction"] for r in result["throughput"])
     for check in result["sampling"]:
         assert check["completions"] == 8 and 1 <= check["length_mean"] <= 4 and check["mean_logprob"] < 0
@@ -428,3 +432,12 @@ def test_the_first_compile_of_a_bucket_shape_is_announced(model: torch.nn.Module
     assert shapes == [(decoder.state.rows, decoder.state.length)]
     decode(decoder, model, EOS, Sampling(greedy=True), PROMPTS * 3)  # a larger bucket: compiled again
     assert len(shapes) == 2 and shapes[1][0] >= len(PROMPTS) * 3
+
+
+def test_decode_steps_can_be_held_to_chosen_sdpa_kernels(model: torch.nn.Module) -> None:
+    # The benchmark compares sdpa's kernels for the decode step (NAME@efficient etc.); the tokens stay generate's.
+    decoder = StaticDecoder(use_graph=False, sdpa_backends=("math",))
+    assert decode(decoder, model, EOS, Sampling(greedy=True)) == reference(model, PROMPTS, EOS, do_sample=False)
+    with pytest.raises(ValueError, match="sdpa backend: got fastest; allowed: cudnn, flash, efficient, math") as error:
+        StaticDecoder(use_graph=False, sdpa_backends=("math", "fastest"))
+    assert "\n" not in str(error.value)

@@ -67,3 +67,14 @@ def folded_heads(model: Any) -> Iterator[None]:
         yield
     finally:
         config._attn_implementation = previous
+
+
+def sdpa_backend_list(names: tuple[str, ...]) -> list[Any]:
+    """torch's SDPBackend members for names like "efficient" or "cudnn"; a one-line ValueError for others."""
+    from torch.nn.attention import SDPBackend
+
+    known = {"cudnn": "CUDNN_ATTENTION", "flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION", "math": "MATH"}
+    unknown = [name for name in names if name not in known]
+    if unknown:
+        raise ValueError(f"sdpa backend: got {', '.join(unknown)}; allowed: {', '.join(known)}")
+    return [getattr(SDPBackend, known[name]) for name in names]

@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from grpo_tui.train.decode_attention import folded_heads
+from grpo_tui.train.decode_attention import folded_heads, sdpa_backend_list
 
 # Rollouts pad their rows and cache length up to these multiples, so nearby shapes share one captured graph.
 ROW_MULTIPLE = 8
@@ -228,8 +228,13 @@ class StaticDecoder:
         compiled: bool = False,
         on_compile_failure: Callable[[str], None] | None = None,
         on_compile_start: Callable[[int, int], None] | None = None,
+        sdpa_backends: tuple[str, ...] = (),
     ) -> None:
         self.use_graph = use_graph
+        # The sdpa kernels the decode steps may use (torch's SDPBackend names; empty: torch's own choice). For
+        # benchmarks: on the H200 torch picks cuDNN's, 98 us per layer and token at batch 64
+        # (benchmarks/results/h200-2026-12-03/README.md).
+        self._sdpa = sdpa_backend_list(sdpa_backends)
         # torch.compile's fused kernels for the token step (the graph captures them as they are): ~1.5x the
         # tokens/s of the plain graph on the H200, for ~35 s of compiling per bucket shape and process.
         self.compiled = compiled
@@ -254,7 +259,7 @@ class StaticDecoder:
         sampling: Sampling,
     ) -> list[list[int]]:
         """Completion ids per prompt, each cut after its first EOS (TRL's `_generate_single_turn` contract)."""
-        with folded_heads(model):  # captured with it, so replays keep it
+        with folded_heads(model), self._sdpa_context():  # captured with them, so replays keep them
             return self._generate(model, prompt_ids, max_new_tokens, eos_ids, pad_id, sampling)
 
     def _generate(self, model, prompt_ids, max_new_tokens, eos_ids, pad_id, sampling) -> list[list[int]]:
@@ -286,6 +291,13 @@ class StaticDecoder:
                 break
             self._step(model)
         return cut_at_eos(state.out[:count, :steps].cpu(), eos_ids)
+
+    def _sdpa_context(self) -> Any:
+        from contextlib import nullcontext
+
+        from torch.nn.attention import sdpa_kernel
+
+        return sdpa_kernel(self._sdpa) if self._sdpa else nullcontext()
 
     def _step(self, model: Any) -> None:
         if self._graph is None:
