@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import os
-import zlib
-
 import pytest
 import torch
 import torch.nn.functional as F
+from seeds import next_seed  # tests/ is on sys.path (its conftest.py)
 
 from grpo_kernels import fused_linear_grpo_loss, selective_logprobs, triton_ops
 from grpo_kernels.reference import reference_grpo_loss, reference_logprobs
@@ -23,20 +21,8 @@ BF16_LOSS_RTOL, BF16_GRAD_COS = 2e-3, 0.9999
 FP32_LOSS_RTOL, FP32_GRAD_COS = 1e-5, 0.99999
 
 
-_CALLS: dict[str, int] = {}
-
-
-def _seed() -> int:
-    """Fixed per test and call (as in tests/kernels), so a failure recurs; GRPO_TEST_RANDOM_SEEDS=1 draws fresh ones."""
-    if os.environ.get("GRPO_TEST_RANDOM_SEEDS"):
-        return torch.seed() % 2**31
-    test = os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0]
-    _CALLS[test] = _CALLS.get(test, -1) + 1
-    return zlib.crc32(f"{test}#{_CALLS[test]}".encode()) % 2**31
-
-
 def _inputs(B, T, H, V, dtype, *, off_policy=True, bias=False, seed=None):
-    seed = seed if seed is not None else _seed()
+    seed = seed if seed is not None else next_seed()
     print(f"inputs seed={seed}")  # pytest shows it beside a failure
     g = torch.Generator(device="cuda").manual_seed(seed)
     hid = torch.randn(B, T, H, device="cuda", generator=g).to(dtype).double()

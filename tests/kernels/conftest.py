@@ -10,7 +10,6 @@ from __future__ import annotations
 import importlib
 import os
 import sys
-import zlib
 
 import pytest
 import torch
@@ -20,6 +19,8 @@ if not torch.cuda.is_available():
     name = "grpo_kernels.triton_ops"
     if name in sys.modules and not sys.modules[name].INTERPRET:
         importlib.reload(sys.modules[name])
+
+from seeds import next_seed  # tests/ is on sys.path (its conftest.py)
 
 from grpo_kernels import triton_ops
 
@@ -51,24 +52,11 @@ def triton_interpreter(monkeypatch):
     monkeypatch.setattr(triton_ops, "STATS_SEGMENT", 32)
 
 
-# Seeds: fixed per test and call, so CI sees the same inputs every run; GRPO_TEST_RANDOM_SEEDS=1 draws fresh
-# ones to explore (a failure then names its seed, to pin it as a case).
-_CALLS: dict[str, int] = {}
-
-
-def _next_seed() -> int:
-    if os.environ.get("GRPO_TEST_RANDOM_SEEDS"):
-        return torch.seed() % 2**31
-    test = os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0]
-    _CALLS[test] = _CALLS.get(test, -1) + 1
-    return zlib.crc32(f"{test}#{_CALLS[test]}".encode()) % 2**31
-
-
 def _make_inputs(
     B=4, T=5, H=16, V=37, *, bias=True, offset=0.0, masked_row=True, off_policy=False, temperature=1.0, seed=None
 ) -> dict:
-    """Random fp64 inputs; `seed` defaults to the next one for this test (see _next_seed)."""
-    seed = seed if seed is not None else _next_seed()
+    """Random fp64 inputs; `seed` defaults to the next one for this test (see seeds.next_seed)."""
+    seed = seed if seed is not None else next_seed()
     print(f"make_inputs seed={seed}")  # pytest shows it beside a failure
     g = torch.Generator().manual_seed(seed)
     hidden = torch.randn(B, T, H, generator=g, dtype=torch.float64)
