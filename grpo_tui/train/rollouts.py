@@ -64,12 +64,12 @@ class Rollouts:
             trainer.generation_config.cache_implementation = "static"
             trainer.generation_config.disable_compile = False
             trainer.generation_kwargs["cache_implementation"] = "static"
-        self.decoder = (
-            StaticDecoder(True, True, on_compile_failure=self._compile_failed, on_compile_start=self._compiling)
-            if self.backend == "graph"
-            else None
-        )
         self._on_event = on_event
+        self.decoder = None
+        if self.backend == "graph":
+            self.decoder = StaticDecoder(
+                use_graph=True, compiled=True, on_compile_failure=self._compile_failed, on_compile_start=self._compiling
+            )
         self.tokens = 0  # completion tokens generated since the last `take_tokens`
 
     def _compiling(self, rows: int, length: int) -> None:
