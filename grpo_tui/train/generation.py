@@ -278,9 +278,8 @@ class StaticDecoder:
         state.cache.reset()
         state.out.fill_(pad_id)
         state.step.zero_()
-        state.finished.copy_(
-            torch.arange(state.rows, device=device) >= count
-        )  # bucket filler rows: done from the start
+        # The bucket's filler rows are done from the start.
+        state.finished.copy_(torch.arange(state.rows, device=device) >= count)
         if state.seen is not None:
             state.seen.copy_(seen_tokens(ids.masked_fill(~mask, -1), state.seen.size(1) - 1))
         take_token(state, prefill(model, state, ids, mask, self._dtype))
