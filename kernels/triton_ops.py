@@ -12,6 +12,7 @@ The twins run off CUDA (or without Triton); tests also run the Triton kernels on
 
 from __future__ import annotations
 
+import inspect
 import os
 
 import torch
@@ -51,15 +52,16 @@ def use_triton(device: torch.device) -> bool:
     return forced == "triton" and INTERPRET and device.type == "cpu"
 
 
-def _jit(*, loose: tuple[str, ...] = (), loose_ints: tuple[str, ...] = ()):
-    """triton.jit, compiled once per model: `loose` pointers not specialised on 16-byte alignment, `loose_ints` not
-    on divisibility by 16. Both change with a chunk's offset and a last chunk's rows, and each new combination
-    compiled the kernel again inside a training step (~2.5 s each on the H200)."""
+def _jit(*, loose: tuple[str, ...] | str = (), loose_ints: tuple[str, ...] = ()):
+    """triton.jit, compiled once per model: `loose` pointers ("*_ptr": all of them) not specialised on 16-byte
+    alignment, `loose_ints` not on divisibility by 16. Both change with a chunk's offset and a last chunk's rows,
+    and each new combination compiled the kernel again inside a training step (~2.5 s each on the H200)."""
 
     def wrap(fn):
         if not HAS_TRITON:
             return fn
-        return triton.jit(fn, do_not_specialize=loose_ints, do_not_specialize_on_alignment=loose)
+        names = [n for n in inspect.signature(fn).parameters if n.endswith("_ptr")] if loose == "*_ptr" else loose
+        return triton.jit(fn, do_not_specialize=loose_ints, do_not_specialize_on_alignment=names)
 
     return wrap
 
@@ -164,11 +166,7 @@ def _pow2_at_most(n: int, cap: int) -> int:
     return min(cap, 1 << max(0, (n - 1).bit_length()))
 
 
-# Every pointer of `_finish_rows_kernel` (one value per row, read in small tiles): none is specialised.
-_ROW_POINTERS = "part_max_ptr part_sum_ptr part_xsum_ptr target_logit_ptr logp_ptr ent_ptr lse_ptr grad_ptr old_ptr"
-
-
-@_jit(loose=(*_ROW_POINTERS.split(), "ref_ptr", "adv_ptr", "w_ptr"), loose_ints=("n_rows",))
+@_jit(loose="*_ptr", loose_ints=("n_rows",))  # one value per row, read in small tiles: alignment buys nothing
 def _finish_rows_kernel(
     part_max_ptr,
     part_sum_ptr,
