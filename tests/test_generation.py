@@ -368,7 +368,7 @@ def test_a_failed_compile_falls_back_to_the_plain_step_with_a_reason(model: torc
 
     decoder.compiled, decoder._take = True, broken  # a compiled step that fails (no inductor run on the CPU)
     with torch.no_grad():
-        decoder._warm_up(model)  # what capture runs first, on CUDA
+        decoder._compiled_or_plain(lambda: decoder._warm_up(model))  # what capture runs first, on CUDA
     assert not decoder.compiled
     assert reasons == ["torch.compile failed (RuntimeError: inductor: backend compiler failed)"]
     assert decode(decoder, model, EOS, Sampling(greedy=True)) == reference(model, PROMPTS, EOS, do_sample=False)
@@ -379,7 +379,7 @@ def test_an_error_of_the_plain_step_is_not_swallowed(model: torch.nn.Module) -> 
     decode(decoder, model, EOS, Sampling(greedy=True))
     decoder._take = lambda *args: (_ for _ in ()).throw(RuntimeError("CUDA error: out of memory"))
     with pytest.raises(RuntimeError, match="out of memory"), torch.no_grad():
-        decoder._warm_up(model)
+        decoder._compiled_or_plain(lambda: decoder._warm_up(model))
 
 
 def test_vllm_is_checked_before_launch(monkeypatch) -> None:

@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from grpo_tui.runs.failures import one_line
 from grpo_tui.train.decode_attention import folded_heads, sdpa_backend_list
 
 # Rollouts pad their rows and cache length up to these multiples, so nearby shapes share one captured graph.
@@ -351,39 +352,37 @@ class StaticDecoder:
             self._capture(model)
 
     def _warm_up(self, model: Any) -> None:
+        for _ in range(WARMUP_STEPS):
+            self._take(model, self.state, self._dtype)
+
+    def _compiled_or_plain(self, build: Callable[[], Any]) -> Any:
+        """`build()` with the compiled step; if that fails, with the plain step (torch.compile's errors, also those
+        of capturing compiled code, have no common base), after a one-line reason to `on_compile_failure`."""
         try:
-            for _ in range(WARMUP_STEPS):
-                self._take(model, self.state, self._dtype)
-        except Exception as exc:  # torch.compile's errors have no common base; the plain step is the fallback
+            return build()
+        except Exception as exc:
             if not self.compiled:
                 raise
-            self._drop_compile(exc)
-            for _ in range(WARMUP_STEPS):
-                self._take(model, self.state, self._dtype)
+            self.compiled, self._take = False, decode_and_take
+            if self._on_compile_failure is not None:
+                first = (str(exc).strip() or "?").splitlines()[0]
+                self._on_compile_failure(f"torch.compile failed ({type(exc).__name__}: {one_line(first, limit=200)})")
+            return build()
 
-    def _drop_compile(self, exc: Exception) -> None:
-        reason = f"torch.compile failed ({type(exc).__name__}: {(str(exc).strip() or '?').splitlines()[0][:200]})"
-        self.compiled, self._take = False, decode_and_take
-        if self._on_compile_failure is not None:
-            self._on_compile_failure(reason)
-
-    def _capture(self, model: Any) -> None:
+    def _captured(self, model: Any) -> Any:
+        """Warm-up steps on a side stream (lazy allocations, autotuning, compiling), then the captured step."""
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             self._warm_up(model)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        try:
-            with torch.cuda.graph(graph):
-                self._take(model, self.state, self._dtype)
-        except Exception as exc:  # compiled code a graph cannot hold: capture the plain step instead
-            if not self.compiled:
-                raise
-            self._drop_compile(exc)
-            self._capture(model)
-            return
-        self._graph = graph
+        with torch.cuda.graph(graph):
+            self._take(model, self.state, self._dtype)
+        return graph
+
+    def _capture(self, model: Any) -> None:
+        self._graph = self._compiled_or_plain(lambda: self._captured(model))
         self.captures += 1
 
     def release(self) -> None:
