@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from grpo_tui.config.schema import Preset
+from grpo_tui.config.schema import GENERATION_BACKENDS, Preset
 from grpo_tui.config.types import ECHO_LIMIT, clip, shorten
 from grpo_tui.tasks.data import BUILTIN_ADDITION, LOCAL_SUFFIXES, first_row, template_problem
 from grpo_tui.tasks.rewards import REWARDS, RewardError, resolve_reward, signature_problem
@@ -144,9 +144,10 @@ def _check_vllm(preset: Preset, result: CheckResult) -> None:
     if preset.distributed.use_cpu:
         result.errors.append("grpo.generation_backend: vllm needs a GPU; on the CPU use generate or auto")
     elif importlib.util.find_spec("vllm") is None:
+        others = ", ".join(b for b in GENERATION_BACKENDS if b != "vllm")
         result.errors.append(
             "grpo.generation_backend: vllm needs the vllm package (pip install vllm), not installed here; "
-            "allowed without it: auto, generate, static, graph"
+            f"allowed without it: {others}"
         )
 
 

@@ -53,10 +53,7 @@ class Rollouts:
         self.trainer = trainer
         self.backend, reason = choose_backend(requested, trainer.accelerator.device.type, graph_blockers(trainer))
         if reason is not None:
-            if trainer.accelerator.is_main_process:
-                print(
-                    f"grpo-tui: grpo.generation_backend {requested} cannot run ({reason}); using generate", flush=True
-                )
+            self._say(f"grpo.generation_backend {requested} cannot run ({reason}); using generate")
             if on_event is not None:
                 on_event("generation_fallback", requested=requested, used=self.backend, reason=reason)
         if self.backend == "static":
@@ -72,17 +69,20 @@ class Rollouts:
             )
         self.tokens = 0  # completion tokens generated since the last `take_tokens`
 
+    def _say(self, line: str) -> None:
+        """One line in the run's log, from the main process only."""
+        if self.trainer.accelerator.is_main_process:
+            print(f"grpo-tui: {line}", flush=True)
+
     def _compiling(self, rows: int, length: int) -> None:
-        if self.trainer.accelerator.is_main_process:  # the first rollout's minute would otherwise look like a hang
-            print(
-                f"grpo-tui: graph decoder: compiling the token step for {rows} rows x {length} positions "
-                "(once per shape; ~35 s on an H200 the first time, cached on disk for later runs)",
-                flush=True,
-            )
+        # The first rollout's half minute would otherwise look like a hang.
+        self._say(
+            f"graph decoder: compiling the token step for {rows} rows x {length} positions "
+            "(once per shape; ~35 s on an H200 the first time, cached on disk for later runs)"
+        )
 
     def _compile_failed(self, reason: str) -> None:
-        if self.trainer.accelerator.is_main_process:
-            print(f"grpo-tui: graph decoding without torch.compile: {reason}", flush=True)
+        self._say(f"graph decoding without torch.compile: {reason}")
         if self._on_event is not None:
             self._on_event("generation_fallback", requested="graph (compiled)", used="graph", reason=reason)
 
