@@ -15,7 +15,14 @@ import torch
 from transformers import AutoModelForCausalLM, GenerationConfig
 
 from grpo_tui.config.schema import GENERATION_BACKENDS, PresetError, validate_data
-from grpo_tui.train.generation import Sampling, StaticDecoder, choose_tokens, cut_at_eos, decode_and_take
+from grpo_tui.train.generation import (
+    Sampling,
+    StaticDecoder,
+    choose_tokens,
+    cut_at_eos,
+    decode_and_take,
+    seen_tokens,
+)
 from grpo_tui.train.rollouts import choose_backend
 
 # "1+2=", "12+34=", "7+45=", "99+9=", "3+4", "56+78=", "5+5=", "80+1=" in the tiny tokenizer: different
@@ -121,7 +128,7 @@ def test_choose_tokens_applies_transformers_warpers_in_order() -> None:
     torch.manual_seed(1)
     expected = torch.multinomial(scores.softmax(-1), 1).squeeze(1)
     torch.manual_seed(1)
-    assert torch.equal(choose_tokens(logits, sampling, history), expected)
+    assert torch.equal(choose_tokens(logits, sampling, seen_tokens(history, logits.size(-1))), expected)
 
 
 def test_decoder_follows_weights_updated_in_place(model: torch.nn.Module) -> None:

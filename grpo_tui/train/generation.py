@@ -65,16 +65,11 @@ def seen_tokens(history: torch.Tensor, vocab: int) -> torch.Tensor:
     return seen.scatter_(1, history.masked_fill(history < 0, vocab), True)
 
 
-def choose_tokens(logits: torch.Tensor, sampling: Sampling, history: torch.Tensor | None = None) -> torch.Tensor:
-    """Next token per row from fp32 logits [R, V]; `history` [R, S] (-1 = not a token) feeds the repetition penalty."""
-    seen = seen_tokens(history, logits.size(-1)) if sampling.repetition_penalty != 1.0 and history is not None else None
-    return choose_from_seen(logits, sampling, seen)
-
-
-def choose_from_seen(logits: torch.Tensor, sampling: Sampling, seen: torch.Tensor | None) -> torch.Tensor:
-    """`choose_tokens` with the repetition history given as `seen_tokens`' mask. No host sync and fixed shapes, so
-    the graph captures it with the decode step; a draw is torch.multinomial's own for one sample (an exponential
-    race), written out because multinomial's argument check may wait for the device."""
+def choose_tokens(logits: torch.Tensor, sampling: Sampling, seen: torch.Tensor | None = None) -> torch.Tensor:
+    """Next token per row from fp32 logits [R, V]; `seen` (`seen_tokens` of each row's history) feeds the repetition
+    penalty. No host sync and fixed shapes, so the graph captures it with the decode step; a draw is
+    torch.multinomial's own for one sample (an exponential race), written out because multinomial's argument
+    check may wait for the device."""
     if sampling.repetition_penalty != 1.0 and seen is not None:
         vocab = logits.size(-1)
         penalised = torch.where(logits < 0, logits * sampling.repetition_penalty, logits / sampling.repetition_penalty)
@@ -184,7 +179,7 @@ def prefill(model: Any, state: DecodeState, ids: torch.Tensor, mask: torch.Tenso
 
 def take_token(state: DecodeState, logits: torch.Tensor) -> None:
     """Choose each row's next token from `logits` [R, V], write it to `out` and `tokens`, and mark rows that ended."""
-    token = choose_from_seen(logits, state.sampling, state.seen)
+    token = choose_tokens(logits, state.sampling, state.seen)
     token = torch.where(state.finished, state.pad_id, token)  # finished rows emit pad
     state.out.index_copy_(1, state.step, token[:, None])
     state.finished |= (token[:, None] == state.eos).any(-1)
