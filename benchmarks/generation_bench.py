@@ -32,11 +32,8 @@ from typing import Any
 
 import torch
 
-BACKENDS = (
-    "graph",
-    "generate",
-    "static",
-)  # also graph-plain and NAME@sdpa-kernels (see Backend)  # graph first: fastest; static last: compiles, may hit the budget
+# graph first: fastest; static last: compiles, may hit the budget. Also graph-plain and NAME@sdpa (see Backend).
+BACKENDS = ("graph", "generate", "static")
 STOP_FRACTION = 0.01  # share of the vocabulary that ends a completion in the sampling check
 
 
