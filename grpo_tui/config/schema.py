@@ -138,9 +138,8 @@ class GrpoSection(_Section):
     )
     generation_backend: GenerationBackend = Field(
         "auto",
-        description="generate (TRL's model.generate) | static (transformers' static cache, compiled) | graph "
-        "(ours: static cache, compiled token step in a CUDA graph, ~13x generate on an H200) | auto (graph on CUDA "
-        "where it can run, else generate) | vllm (TRL's vLLM, colocated; needs vllm installed; unmeasured here)",
+        description="auto (graph on CUDA, else generate) | graph (ours: ~13x generate on an H200) | generate | "
+        "static | vllm (needs vllm)",
     )
     scoring_sub_batch: Count | None = Field(
         None,
