@@ -113,22 +113,25 @@ for phase in "$@"; do
       # torch.profiler (GRPO_TUI_PROFILE_STEP) and its operator tables land in the run folder. Each run has
       # its own Triton cache, listed with timestamps (a compile inside a step shows there). ~6 min on an H200.
       build_model || exit 1
+      # An impl listed twice runs twice (the second as "<impl>-2"): torch.compile's cache is warm by then.
       labels=()
       for impl in ${PROFILE_IMPLS:-chunked trl}; do
         for batch in ${PROFILE_BATCHES:-64 128}; do
           steps=2; profile=
           if [ "$batch" = 64 ]; then profile=${PROFILE_STEP:-3}; steps=$(( profile > 3 ? profile : 3 )); fi
-          runs=/tmp/runs-profile-$impl-$batch
-          rm -rf "$runs" "/tmp/triton-$impl-$batch"
-          TRITON_CACHE_DIR=/tmp/triton-$impl-$batch GRPO_TUI_PROFILE_STEP=$profile timeout 200 python3 -m grpo_tui.cli run qwen3-0.6b-gsm8k --headless \
+          name=$impl-$batch
+          [ -e "$OUT/profile/$name" ] && name=$impl-2-$batch
+          runs=/tmp/runs-profile-$name
+          rm -rf "$runs" "/tmp/triton-$name"
+          TRITON_CACHE_DIR=/tmp/triton-$name GRPO_TUI_PROFILE_STEP=$profile timeout 200 python3 -m grpo_tui.cli run qwen3-0.6b-gsm8k --headless \
             "${E2E_SETS[@]}" --set loss.impl=$impl --set grpo.per_device_batch_size=$batch \
-            --set grpo.max_steps=$steps --set logging.save_steps=0 --runs-dir "$runs" > "$OUT/profile-$impl-$batch.log" 2>&1
-          echo "$impl batch $batch: exit $? $(tail -1 "$OUT/profile-$impl-$batch.log")"
-          mkdir -p "$OUT/profile/$impl-$batch"
-          cp "$runs"/*/metrics.jsonl "$runs"/*/profile-step*.txt "$OUT/profile/$impl-$batch/" 2>/dev/null
-          find "/tmp/triton-$impl-$batch" -name '*.json' ! -name '__grp__*' -printf '%T+ %f\n' | sort \
-            > "$OUT/profile/$impl-$batch/triton-compiles.txt"
-          labels+=("$impl/$batch=$OUT/profile/$impl-$batch")
+            --set grpo.max_steps=$steps --set logging.save_steps=0 --runs-dir "$runs" > "$OUT/profile-$name.log" 2>&1
+          echo "$name: exit $? $(tail -1 "$OUT/profile-$name.log")"
+          mkdir -p "$OUT/profile/$name"
+          cp "$runs"/*/metrics.jsonl "$runs"/*/profile-step*.txt "$OUT/profile/$name/" 2>/dev/null
+          find "/tmp/triton-$name" -name '*.json' ! -name '__grp__*' -printf '%T+ %f\n' | sort \
+            > "$OUT/profile/$name/triton-compiles.txt"
+          labels+=("${name%-$batch}/$batch=$OUT/profile/$name")
         done
       done
       python3 benchmarks/step_times.py --skip-step ${PROFILE_STEP:-3} --out "$OUT/profile/step-times.json" "${labels[@]}" \

@@ -103,6 +103,22 @@ def test_profile_step_env_is_checked(monkeypatch: pytest.MonkeyPatch, tmp_path) 
     assert profiler is not None and profiler.step == 3 and profiler.path.name == "profile-step3.txt"
 
 
+def test_gc_pauses_count_collections_only_while_started() -> None:
+    import gc
+
+    pauses = phase_memory.GcPauses()
+    gc.collect()  # not started: not counted
+    pauses.start()
+    pauses.start()  # idempotent: one callback, each collection counted once
+    gc.collect()
+    gc.collect(0)
+    pauses.stop()
+    gc.collect()
+    assert pauses.counts == [1, 0, 1] and pauses.seconds[2] > 0
+    line = pauses.summary()
+    assert line.startswith("\ngc pauses: ") and "gen0 1 x" in line and "gen2 1 x" in line
+
+
 def _record(step: int, **times: float) -> dict:
     phases = {"generation": 100.0, "scoring": 200.0, "loss": 300.0, "optimizer": 50.0}
     return {"step": step, "memory": {"device": "cpu", "gpus": [], "rss_mib": 900.0, "phases": phases}, **times}

@@ -357,6 +357,6 @@ def test_profile_step_writes_the_operator_tables(
     code, steps, _ = run_steps(run)
     assert code == 0 and [r["step"] for r in steps] == [1, 2]
     table = (run.path / "profile-step2.txt").read_text()
-    assert "optimizer step 2" in table and "cpu_time_total" in table
+    assert "optimizer step 2" in table and "cpu_time_total" in table and "gc pauses: " in table
     assert "aten::" in table  # operator rows, not just the header
     assert not (run.path / "profile-step1.txt").exists()

@@ -280,6 +280,7 @@ class StepProfiler:
     def __init__(self, step: int, path: Path, cuda: bool) -> None:
         self.step, self.path, self.cuda = step, path, cuda
         self._profile: Any = None
+        self._gc = GcPauses()
 
     @classmethod
     def from_env(cls, run_path: Path, cuda: bool) -> StepProfiler | None:
@@ -301,19 +302,58 @@ class StepProfiler:
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.cuda else [])
         self._profile = profile(activities=activities)
         self._profile.__enter__()
+        self._gc.start()
 
     def step_ended(self, step: int) -> None:
         if step != self.step or self._profile is None:
             return
+        self._gc.stop()
         self._profile.__exit__(None, None, None)
         averages = self._profile.key_averages()
         device = "device" if self.cuda else "cpu"
-        parts = [f"# torch.profiler, optimizer step {step} of this process ({device} time)\n"]
-        for sort in (f"{device}_time_total", f"self_{device}_time_total"):
+        parts = [f"# torch.profiler, optimizer step {step} of this process ({device} time)\n", self._gc.summary()]
+        # CPU time shows host-side stalls the device tables cannot: compiles, plan building, syncs
+        sorts = (f"{device}_time_total", f"self_{device}_time_total") + (("self_cpu_time_total",) if self.cuda else ())
+        for sort in sorts:
             parts.append(f"\n## top {PROFILE_ROWS} by {sort}\n")
             parts.append(averages.table(sort_by=sort, row_limit=PROFILE_ROWS, max_name_column_width=60))
         self.path.write_text("".join(parts) + "\n", encoding="utf-8")
         self._profile = None
+
+
+class GcPauses:
+    """Python's garbage-collector pauses while started (gc.callbacks): a full collection over a large heap
+    (torch.compile leaves many objects) stalls the host for as long as any kernel, and no profiler table
+    shows it."""
+
+    def __init__(self) -> None:
+        self.seconds = [0.0, 0.0, 0.0]  # per generation
+        self.counts = [0, 0, 0]
+        self._began = 0.0
+
+    def _callback(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._began = time.perf_counter()
+            return
+        generation = min(int(info.get("generation", 2)), 2)
+        self.seconds[generation] += time.perf_counter() - self._began
+        self.counts[generation] += 1
+
+    def start(self) -> None:
+        import gc
+
+        if self._callback not in gc.callbacks:
+            gc.callbacks.append(self._callback)
+
+    def stop(self) -> None:
+        import gc
+
+        if self._callback in gc.callbacks:
+            gc.callbacks.remove(self._callback)
+
+    def summary(self) -> str:
+        per = ", ".join(f"gen{g} {n} x {1000 * t:.1f} ms" for g, (n, t) in enumerate(zip(self.counts, self.seconds)))
+        return f"\ngc pauses: {1000 * sum(self.seconds):.1f} ms in all ({per})\n"
 
 
 def _is_oom(exc: BaseException) -> bool:
