@@ -139,8 +139,21 @@ for phase in "$@"; do
       ;;
     steps)
       # Issues 12 and 13: whole steps per loss impl, generation backend and memory option, each a fresh
-      # headless run of 2 steps (step 2 reported), one after the other. STEP_SPECS: "label:impl:backend:batch[:k=v,...]".
+      # headless run of STEP_COUNT steps (default 2; step 2 reported, or with more steps the mean of steps 2
+      # on), one after the other. STEP_SPECS: "label:impl:backend:batch[:k=v,...]".
+      # STEP_WARMUP: specs run first and not reported. The first process on a machine pays one-time
+      # compiles that later ones find cached (torch.compile's kernels, and cuDNN's attention kernels, which
+      # the driver JIT-compiles: 2.3 s of a step measured on the H200); without a warm-up that cost lands on
+      # whichever spec runs first.
       build_model || exit 1
+      count=${STEP_COUNT:-2}
+      for spec in ${STEP_WARMUP:-}; do
+        IFS=: read -r label impl backend batch extra <<< "$spec"
+        timeout ${STEP_TIMEOUT:-150} python3 -m grpo_tui.cli run qwen3-0.6b-gsm8k --headless "${E2E_SETS[@]}" \
+          --set loss.impl=$impl --set grpo.generation_backend=$backend --set grpo.per_device_batch_size=$batch \
+          --set grpo.max_steps=1 --set logging.save_steps=0 --runs-dir /tmp/runs-warmup > /dev/null 2>&1
+        echo "warm-up $label batch $batch: exit $?"
+      done
       labels=()
       for spec in ${STEP_SPECS:-$DEFAULT_STEP_SPECS}; do
         IFS=: read -r label impl backend batch extra <<< "$spec"
@@ -149,13 +162,14 @@ for phase in "$@"; do
         runs=/tmp/runs-steps-$label-$batch
         rm -rf "$runs"
         timeout ${STEP_TIMEOUT:-150} python3 -m grpo_tui.cli run qwen3-0.6b-gsm8k --headless "${E2E_SETS[@]}" "${sets[@]}" \
-          --set grpo.max_steps=2 --set logging.save_steps=0 --runs-dir "$runs" > "$OUT/steps-$label-$batch.log" 2>&1
+          --set grpo.max_steps=$count --set logging.save_steps=0 --runs-dir "$runs" > "$OUT/steps-$label-$batch.log" 2>&1
         echo "$label batch $batch: exit $? $(tail -1 "$OUT/steps-$label-$batch.log")"
         mkdir -p "$OUT/steps"
         cp "$runs"/*/metrics.jsonl "$OUT/steps/$label-$batch.jsonl" 2>/dev/null
         labels+=("$label/$batch=$OUT/steps/$label-$batch.jsonl")
       done
-      python3 benchmarks/step_times.py --out "$OUT/steps/step-times.json" "${labels[@]}" | tee "$OUT/steps/step-times.md"
+      mean=(); [ "$count" -gt 2 ] && mean=(--mean)
+      python3 benchmarks/step_times.py "${mean[@]}" --out "$OUT/steps/step-times.json" "${labels[@]}" | tee "$OUT/steps/step-times.md"
       ;;
     *) echo "unknown phase $phase; allowed: tests kernel generation memory memory2 concurrent rollout dashboard profile steps" >&2; exit 2 ;;
   esac

@@ -4,7 +4,9 @@
 
 LABEL is `impl/batch` (e.g. `chunked/64`). Each row is one step of the run: the last one, except a
 profiled step (`--skip-step N`: the profiler slows it) and except step 1 when a later one is left (the
-first step compiles and autotunes). Prints a markdown table; `--out` also writes the rows as JSON.
+first step compiles and autotunes). `--mean`: the mean of every such step instead (step 2 on), with the
+spread of the step time; the peak is the highest. Prints a markdown table; `--out` also writes the rows
+as JSON.
 """
 
 from __future__ import annotations
@@ -25,20 +27,48 @@ from grpo_tui.runs.metrics import (
 )
 
 
-def pick_step(steps: list[dict[str, Any]], skip: set[int]) -> dict[str, Any] | None:
-    """The last step not in `skip`, avoiding step 1 when a later one is left."""
+def pick_steps(steps: list[dict[str, Any]], skip: set[int]) -> list[dict[str, Any]]:
+    """The steps not in `skip`, leaving out step 1 when a later one is left."""
     candidates = [r for r in steps if r.get("step") not in skip]
     later = [r for r in candidates if r.get("step") != 1]
-    chosen = later or candidates
+    return later or candidates
+
+
+def pick_step(steps: list[dict[str, Any]], skip: set[int]) -> dict[str, Any] | None:
+    """The last of `pick_steps`."""
+    chosen = pick_steps(steps, skip)
     return chosen[-1] if chosen else None
 
 
-def row(label: str, path: Path, skip: set[int]) -> dict[str, Any]:
+def _mean(values: list[Any]) -> float | None:
+    numbers = [v for v in values if isinstance(v, (int, float))]
+    return round(sum(numbers) / len(numbers), 4) if numbers else None
+
+
+def mean_step(steps: list[dict[str, Any]]) -> dict[str, Any]:
+    """One record standing for `steps`: their mean times and rate, the highest peak, `step` as "2-4"."""
+    keys = [STEP_TIME_KEY, "step_time", GENERATION_RATE_KEY, *(phase_time_key(p) for p in PHASES)]
+    merged: dict[str, Any] = {key: _mean([r.get(key) for r in steps]) for key in keys}
+    numbers = [r.get("step") for r in steps]
+    merged["step"] = f"{numbers[0]}-{numbers[-1]}" if len(numbers) > 1 else numbers[0]
+    merged["memory"] = max((r.get("memory") or {} for r in steps), key=_peak_mib)
+    merged[GENERATION_BACKEND_KEY] = steps[-1].get(GENERATION_BACKEND_KEY)
+    times = [r[STEP_TIME_KEY] for r in steps if isinstance(r.get(STEP_TIME_KEY), (int, float))]
+    merged["step_s_range"] = [round(min(times), 4), round(max(times), 4)] if times else None
+    return merged
+
+
+def _peak_mib(memory: dict[str, Any]) -> float:
+    return max((g.get("peak_mib", 0.0) for g in memory.get("gpus") or []), default=0.0)
+
+
+def row(label: str, path: Path, skip: set[int], mean: bool = False) -> dict[str, Any]:
     metrics = path / "metrics.jsonl" if path.is_dir() else path
     impl, _, batch = label.partition("/")
     out: dict[str, Any] = {"impl": impl, "batch": batch, "metrics": str(metrics)}
     records = read_records(metrics) if metrics.is_file() else []
-    step = pick_step(step_records(records), skip)
+    chosen = pick_steps(step_records(records), skip)
+    step = (mean_step(chosen) if mean else chosen[-1]) if chosen else None
     errors = [r.get("message") or r.get("event") for r in records if r.get("event") in ("error", "oom")]
     if step is None:
         out["error"] = errors[-1] if errors else "no step record"
@@ -48,6 +78,7 @@ def row(label: str, path: Path, skip: set[int]) -> dict[str, Any]:
         step=step["step"],
         step_s=step.get(STEP_TIME_KEY),
         trl_step_time_s=round(step["step_time"], 4) if isinstance(step.get("step_time"), float) else None,
+        **({"step_s_range": step["step_s_range"]} if mean else {}),
         phases_s={phase: step.get(phase_time_key(phase)) for phase in PHASES},
         peak_gib=round(max(g["peak_mib"] for g in gpus) / 1024, 2) if gpus else None,
         backend=step.get(GENERATION_BACKEND_KEY),
@@ -74,6 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("runs", nargs="+", metavar="LABEL=PATH")
     parser.add_argument("--skip-step", type=int, action="append", default=[], help="a profiled step to leave out")
+    parser.add_argument("--mean", action="store_true", help="the mean of steps 2 on, not the last step")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
     rows = []
@@ -81,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
         label, sep, path = spec.partition("=")
         if not sep:
             parser.error(f"runs: got {spec!r}; allowed: LABEL=PATH, e.g. chunked/64=/tmp/runs/x")
-        rows.append(row(label, Path(path), set(args.skip_step)))
+        rows.append(row(label, Path(path), set(args.skip_step), args.mean))
     print(markdown(rows))
     if args.out is not None:
         args.out.write_text(json.dumps(rows, indent=1) + "\n")

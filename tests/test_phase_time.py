@@ -183,6 +183,18 @@ def test_step_times_script_reads_the_phase_times_of_a_run(tmp_path, capsys) -> N
     table = capsys.readouterr().out
     assert "| chunked | 64 | 2 |" in table and "| trl | 64 | failed: no step record |" in table
 
+    # --mean: steps 2 and 3 averaged (step 1 compiles), the spread kept, the highest peak
+    run4 = make_run(tmp_path / "run4", steps=4, n_gpus=1)
+    records = [json.loads(line) for line in (run4.path / "metrics.jsonl").read_text().splitlines()]
+    steps = {r["step"]: r for r in records if "time_s/step" in r}
+    assert step_times.main(["--mean", "--skip-step", "4", "--out", str(out), f"chunked/64={run4.path}"]) == 0
+    (mean,) = json.loads(out.read_text())
+    times = [steps[n]["time_s/step"] for n in (2, 3)]
+    assert mean["step"] == "2-3" and mean["step_s"] == pytest.approx(sum(times) / 2, abs=1e-4)
+    assert mean["step_s_range"] == [round(min(times), 4), round(max(times), 4)]
+    peaks = [max(g["peak_mib"] for g in steps[n]["memory"]["gpus"]) for n in (2, 3)]
+    assert mean["peak_gib"] == round(max(peaks) / 1024, 2)
+
 
 def test_generation_fields_sum_ranks_and_rate_over_the_generation_time() -> None:
     from grpo_tui.train.phase_memory import generation_fields
