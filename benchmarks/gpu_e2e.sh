@@ -141,7 +141,7 @@ for phase in "$@"; do
       # Issues 12 and 13: whole steps per loss impl, generation backend and memory option, each a fresh
       # headless run of STEP_COUNT steps (default 2; step 2 reported, or with more steps the mean of steps 2
       # on), one after the other. STEP_SPECS: "label:impl:backend:batch[:k=v,...]".
-      # STEP_WARMUP: specs run first and not reported. The first process on a machine pays one-time
+      # STEP_WARMUP: specs run first (same step count) and not reported. The first process on a machine pays one-time
       # compiles that later ones find cached (torch.compile's kernels, and cuDNN's attention kernels, which
       # the driver JIT-compiles: 2.3 s of a step measured on the H200); without a warm-up that cost lands on
       # whichever spec runs first.
@@ -151,7 +151,7 @@ for phase in "$@"; do
         IFS=: read -r label impl backend batch extra <<< "$spec"
         timeout ${STEP_TIMEOUT:-150} python3 -m grpo_tui.cli run qwen3-0.6b-gsm8k --headless "${E2E_SETS[@]}" \
           --set loss.impl=$impl --set grpo.generation_backend=$backend --set grpo.per_device_batch_size=$batch \
-          --set grpo.max_steps=1 --set logging.save_steps=0 --runs-dir /tmp/runs-warmup > /dev/null 2>&1
+          --set grpo.max_steps=$count --set logging.save_steps=0 --runs-dir /tmp/runs-warmup > /dev/null 2>&1
         echo "warm-up $label batch $batch: exit $?"
       done
       labels=()
