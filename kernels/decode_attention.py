@@ -1,0 +1,277 @@
+"""Attention of one new token per row over a static KV cache (flash-decoding: the keys split across programs).
+
+The graph decoder (grpo_tui.train.generation) keeps a static cache of L slots per row: the left-padded prompt,
+the tokens decoded so far, and slots not yet written. Its mask allows a contiguous run of them per row, but
+`scaled_dot_product_attention` with a mask reads every slot. Here the keys of each (row, key/value head) are
+cut into SPLITS contiguous ranges, one program each, so a decode batch fills the GPU even with few rows; a
+program streams its range in BLOCK_KEYS-wide steps, skips every step the mask rules out (padding, unwritten
+slots) without loading its keys/values, and folds the query heads of the group (grouped-query attention) into
+the rows of one tensor-core product, padded to 16 rows: decode is memory-bound, the padding's flops are free.
+Each program leaves an unnormalised partial (acc, running max, sum of exp); a second small kernel merges the
+splits of each (row, head) with the usual log-sum-exp weights.
+
+The previous kernel here (one program per (row, kv head), 32-key steps, elementwise products) lost to sdpa's
+folded attention on the H200; this one is opt-in (`StaticDecoder(sdpa_backends=("triton",))`) until measured.
+
+`decode_attention` is a torch custom op, so torch.compile treats it as one opaque call and a CUDA graph
+captures its launches; `decode_attention_torch` is its twin for tests and for devices without Triton.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .triton_ops import HAS_TRITON, use_triton
+
+if HAS_TRITON:
+    import triton
+    import triton.language as tl
+
+# Keys per loop step of a program (the N of the score product, the K of the output product; >= 16 for tl.dot)
+BLOCK_KEYS = 64
+# Fewest keys one split covers: shorter splits spend more on the merge than they save
+MIN_SPLIT_KEYS = 64
+# Programs the split rule aims for: 16 per SM of an H200 (132 SMs), so rows and heads alone need not fill it
+TARGET_PROGRAMS = 16 * 132
+# Query rows of a group's tile: tl.dot needs M >= 16 (Qwen3's group is 2)
+MIN_GROUP_PAD = 16
+# Launch settings of the split kernel, left here for a GPU sweep
+NUM_WARPS = 4
+NUM_STAGES = 2
+LOG2E = 1.4426950408889634
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def split_geometry(programs: int, length: int) -> tuple[int, int]:
+    """(keys per split, splits) for `programs` (row, kv head) pairs over `length` cache slots: up to a power
+    of two of splits, enough for TARGET_PROGRAMS, none shorter than MIN_SPLIT_KEYS, each whole blocks (the
+    last split may be shorter; rounding to blocks may leave fewer splits than asked)."""
+    wanted = _next_pow2(_ceil_div(TARGET_PROGRAMS, programs))
+    splits = max(1, min(wanted, length // MIN_SPLIT_KEYS))
+    split_keys = _ceil_div(_ceil_div(length, splits), BLOCK_KEYS) * BLOCK_KEYS
+    return split_keys, _ceil_div(length, split_keys)
+
+
+if HAS_TRITON:
+
+    @triton.jit
+    def _split_kernel(
+        q_ptr,
+        k_ptr,
+        v_ptr,
+        mask_ptr,
+        acc_ptr,
+        max_ptr,
+        sum_ptr,
+        sq_r,
+        sq_h,
+        sk_r,
+        sk_h,
+        sk_l,
+        sv_r,
+        sv_h,
+        sv_l,
+        sm_r,
+        length,
+        split_keys,
+        qk_scale,
+        KV_HEADS: tl.constexpr,
+        GROUP: tl.constexpr,
+        GROUP_PAD: tl.constexpr,
+        DIM: tl.constexpr,
+        BLOCK: tl.constexpr,
+        PRECISION: tl.constexpr,
+    ):
+        # Program (row * KV_HEADS + kv, split): the GROUP query heads of kv over keys [lo, hi)
+        pid = tl.program_id(0)
+        split = tl.program_id(1)
+        splits = tl.num_programs(1)
+        row = (pid // KV_HEADS).to(tl.int64)
+        kv = pid % KV_HEADS
+        g = tl.arange(0, GROUP_PAD)
+        d = tl.arange(0, DIM)
+        heads = kv * GROUP + g  # repeat_kv's order: query head h reads kv head h // GROUP
+        gmask = g < GROUP
+        q = tl.load(q_ptr + row * sq_r + heads[:, None] * sq_h + d[None, :], mask=gmask[:, None], other=0.0)  # [G, D]
+        m_i = tl.full((GROUP_PAD,), -float("inf"), tl.float32)  # running max of log2-scaled scores
+        l_i = tl.zeros((GROUP_PAD,), tl.float32)  # running sum of exp2(score - m_i)
+        acc = tl.zeros((GROUP_PAD, DIM), tl.float32)  # unnormalised output
+        k_base = k_ptr + row * sk_r + kv * sk_h
+        v_base = v_ptr + row * sv_r + kv * sv_h
+        lo = split * split_keys
+        hi = tl.minimum(lo + split_keys, length)
+        for start in range(lo, hi, BLOCK):
+            n = start + tl.arange(0, BLOCK)
+            allowed = tl.load(mask_ptr + row * sm_r + n, mask=n < hi, other=0) != 0  # [BLOCK]
+            if tl.max(allowed.to(tl.int32), axis=0) > 0:  # padding and unwritten slots are never read
+                # Masked loads read 0 there: a slot may hold anything, NaN included
+                k = tl.load(k_base + n[:, None] * sk_l + d[None, :], mask=allowed[:, None], other=0.0)  # [BLOCK, D]
+                s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # [G, BLOCK] fp32, log2 units
+                s = tl.where(allowed[None, :], s, -float("inf"))
+                m_new = tl.maximum(m_i, tl.max(s, axis=1))  # finite: the block allows a key
+                p = tl.exp2(s - m_new[:, None])
+                alpha = tl.exp2(m_i - m_new)
+                v = tl.load(v_base + n[:, None] * sv_l + d[None, :], mask=allowed[:, None], other=0.0)  # [BLOCK, D]
+                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+                l_i = l_i * alpha + tl.sum(p, axis=1)
+                m_i = m_new
+        # Partials [R, H, SPLITS(, D)]; a split the mask rules out entirely leaves max -inf, sum 0, acc 0
+        part = (row * KV_HEADS * GROUP + heads) * splits + split  # [G]
+        tl.store(acc_ptr + part[:, None] * DIM + d[None, :], acc, mask=gmask[:, None])
+        tl.store(max_ptr + part, m_i, mask=gmask)
+        tl.store(sum_ptr + part, l_i, mask=gmask)
+
+    @triton.jit
+    def _merge_kernel(
+        acc_ptr,
+        max_ptr,
+        sum_ptr,
+        out_ptr,
+        so_r,
+        so_h,
+        splits,
+        HEADS: tl.constexpr,
+        DIM: tl.constexpr,
+        SPLITS_PAD: tl.constexpr,
+    ):
+        # Program row * HEADS + h: out = sum_s w_s acc_s / sum_s w_s l_s, w_s = exp2(m_s - max_s m_s)
+        pid = tl.program_id(0).to(tl.int64)
+        row = pid // HEADS
+        head = pid % HEADS
+        s = tl.arange(0, SPLITS_PAD)
+        d = tl.arange(0, DIM)
+        valid = s < splits
+        m = tl.load(max_ptr + pid * splits + s, mask=valid, other=-float("inf"))  # [S]
+        l_s = tl.load(sum_ptr + pid * splits + s, mask=valid, other=0.0)
+        acc = tl.load(acc_ptr + (pid * splits + s)[:, None] * DIM + d[None, :], mask=valid[:, None], other=0.0)
+        top = tl.max(m, axis=0)
+        w = tl.where(m > -float("inf"), tl.exp2(m - top), 0.0)  # splits with no allowed key weigh 0, not NaN
+        total = tl.sum(w * l_s, axis=0)
+        out = tl.sum(w[:, None] * acc, axis=0) / tl.where(total > 0, total, 1.0)  # [D]
+        tl.store(out_ptr + row * so_r + head * so_h + d, out.to(out_ptr.dtype.element_ty))
+
+
+def decode_attention_torch(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """The twin: query [R, H, 1, D], key/value [R, H_kv, L, D], bool mask [R, L] (True = attend) -> [R, 1, H, D]."""
+    rows, heads, _, dim = query.shape
+    kv_heads = key.shape[1]
+    q = query.float().reshape(rows, kv_heads, heads // kv_heads, dim)
+    ruled_out = ~mask[:, None, :, None]  # what the kernel never reads may hold anything, NaN included
+    key, value = key.float().masked_fill(ruled_out, 0.0), value.float().masked_fill(ruled_out, 0.0)
+    scores = torch.einsum("rkgd,rkld->rkgl", q, key) * scale
+    scores = scores.masked_fill(~mask[:, None, None, :], float("-inf"))
+    out = torch.einsum("rkgl,rkld->rkgd", scores.softmax(-1), value)
+    return out.reshape(rows, 1, heads, dim).to(query.dtype)
+
+
+def _check(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor) -> None:
+    if query.dim() != 4 or key.dim() != 4:
+        raise ValueError(
+            f"decode_attention: query [R, H, 1, D] with key/value [R, H_kv, L, D]; got {tuple(query.shape)}, "
+            f"{tuple(key.shape)}"
+        )
+    rows, heads, q_len, dim = query.shape
+    if q_len != 1 or key.shape[0] != rows or heads % key.shape[1] or key.shape != value.shape or key.shape[3] != dim:
+        raise ValueError(
+            f"decode_attention: query [R, H, 1, D] with key/value [R, H_kv, L, D]; got {tuple(query.shape)}, "
+            f"{tuple(key.shape)}, {tuple(value.shape)}"
+        )
+    if mask.shape != (rows, key.shape[2]) or mask.dtype != torch.bool:
+        raise ValueError(
+            f"decode_attention: bool mask [R, L] = {(rows, key.shape[2])}, got {mask.dtype} {tuple(mask.shape)}"
+        )
+    if not query.dtype == key.dtype == value.dtype:
+        raise ValueError(
+            f"decode_attention: one dtype for query/key/value, got {query.dtype}, {key.dtype}, {value.dtype}"
+        )
+    if dim & (dim - 1) or dim < 16:
+        raise ValueError(f"decode_attention: head dim must be a power of two >= 16, got {dim}")
+
+
+@torch.library.custom_op("grpo_kernels::decode_attention", mutates_args=())
+def _decode_attention_op(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor, scale: float
+) -> torch.Tensor:
+    if not (HAS_TRITON and use_triton(query.device)):
+        return decode_attention_torch(query, key, value, mask, scale)
+    rows, heads, _, dim = query.shape
+    kv_heads, length = key.shape[1], key.shape[2]
+    group = heads // kv_heads
+    query, key, value, mask = (t if t.stride(-1) == 1 else t.contiguous() for t in (query, key, value, mask))
+    split_keys, splits = split_geometry(rows * kv_heads, length)
+    # Scratch for the partials; inside a CUDA graph they come from its pool
+    acc = torch.empty((rows, heads, splits, dim), device=query.device, dtype=torch.float32)
+    top = torch.empty((rows, heads, splits), device=query.device, dtype=torch.float32)
+    total = torch.empty_like(top)
+    out = torch.empty((rows, 1, heads, dim), device=query.device, dtype=query.dtype)
+    _split_kernel[(rows * kv_heads, splits)](
+        query,
+        key,
+        value,
+        mask,
+        acc,
+        top,
+        total,
+        query.stride(0),
+        query.stride(1),
+        key.stride(0),
+        key.stride(1),
+        key.stride(2),
+        value.stride(0),
+        value.stride(1),
+        value.stride(2),
+        mask.stride(0),
+        length,
+        split_keys,
+        scale * LOG2E,
+        KV_HEADS=kv_heads,
+        GROUP=group,
+        GROUP_PAD=max(MIN_GROUP_PAD, _next_pow2(group)),
+        DIM=dim,
+        BLOCK=BLOCK_KEYS,
+        PRECISION="ieee" if query.dtype == torch.float32 else "tf32",  # no TF32 rounding of fp32 inputs
+        num_warps=NUM_WARPS,
+        num_stages=NUM_STAGES,
+    )
+    _merge_kernel[(rows * heads,)](
+        acc,
+        top,
+        total,
+        out,
+        out.stride(0),
+        out.stride(2),
+        splits,
+        HEADS=heads,
+        DIM=dim,
+        SPLITS_PAD=_next_pow2(splits),
+        num_warps=1 if dim <= 64 else 2,
+    )
+    return out
+
+
+@_decode_attention_op.register_fake
+def _(query, key, value, mask, scale):
+    rows, heads, _, dim = query.shape
+    return query.new_empty((rows, 1, heads, dim))
+
+
+def decode_attention(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor, scale: float | None = None
+) -> torch.Tensor:
+    """Attention of one query per row: query [R, H, 1, D], key/value [R, H_kv, L, D] (head h reads key/value
+    head h // (H / H_kv), as transformers' repeat_kv orders them; any strides, the last 1), bool mask [R, L]
+    (True = attend; every row allows at least one key) -> [R, 1, H, D] in the query's dtype. Keys the mask
+    rules out are never read, so they may hold anything; blocks of them cost next to nothing."""
+    _check(query, key, value, mask)
+    return _decode_attention_op(query, key, value, mask, scale if scale is not None else 1 / math.sqrt(query.shape[-1]))
