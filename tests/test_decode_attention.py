@@ -4,8 +4,17 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_generation import EOS, PROMPTS, decode, reference  # tests/ is on sys.path (pytest prepend import mode)
 
-from grpo_tui.train.decode_attention import DECODE_ATTENTION, folded_attention, folded_heads
+from grpo_kernels import triton_ops
+from grpo_tui.train.decode_attention import (
+    DECODE_ATTENTION,
+    attention_context,
+    folded_attention,
+    folded_heads,
+    sdpa_backend_list,
+)
+from grpo_tui.train.generation import Sampling, StaticDecoder
 
 
 def unfolded(query, key, value, mask, scaling):
@@ -46,3 +55,79 @@ def test_folded_heads_sets_and_always_restores_the_implementation(tiny_model_pat
         assert model.config._attn_implementation == DECODE_ATTENTION
         raise RuntimeError("a failed rollout")
     assert model.config._attn_implementation == "sdpa"
+
+
+@pytest.fixture
+def triton_kernel(monkeypatch):
+    """grpo_kernels' Triton kernels forced on CPU tensors, under the interpreter (the root conftest sets it)."""
+    if torch.cuda.is_available() or not (triton_ops.HAS_TRITON and triton_ops.INTERPRET):
+        pytest.skip("needs the Triton interpreter on CPU (tests/gpu run the compiled kernel)")
+    monkeypatch.setattr(triton_ops, "FORCE_BACKEND", "triton")
+
+
+@pytest.fixture
+def kernel_calls(monkeypatch) -> list[tuple]:
+    """The query shapes grpo_kernels.decode_attention was called with (it still runs)."""
+    from grpo_kernels import decode_attention as da
+
+    calls, original = [], da.decode_attention
+
+    def spy(query, *args, **kwargs):
+        calls.append(tuple(query.shape))
+        return original(query, *args, **kwargs)
+
+    monkeypatch.setattr(da, "decode_attention", spy)
+    return calls
+
+
+def test_triton_is_accepted_beside_the_sdpa_names_and_unknown_names_are_refused() -> None:
+    from torch.nn.attention import SDPBackend
+
+    assert sdpa_backend_list(("triton",)) == []
+    assert sdpa_backend_list(("math", "triton")) == [SDPBackend.MATH]
+    with pytest.raises(ValueError, match="sdpa backend: got fastest; allowed: cudnn, flash, efficient, math, triton"):
+        attention_context(("triton", "fastest"))
+    with pytest.raises(ValueError) as error:
+        StaticDecoder(use_graph=False, sdpa_backends=("Triton",))
+    assert "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("additive", [False, True])
+def test_the_triton_switch_sends_decode_steps_to_the_kernel(triton_kernel, kernel_calls, additive: bool) -> None:
+    generator = torch.Generator().manual_seed(1)
+    rows, heads, kv_heads, keys, dim = 3, 8, 2, 70, 16
+    query = torch.randn(rows, 1, heads, dim, generator=generator).transpose(1, 2)  # as transformers hands it
+    key, value = (torch.randn(rows, kv_heads, keys, dim, generator=generator) for _ in range(2))
+    index = torch.arange(keys)
+    mask = ((index >= torch.tensor([0, 9, 30])[:, None]) & (index < 50))[:, None, None]  # [R, 1, 1, L]
+    if additive:  # eager attention's mask stays on sdpa
+        mask = torch.zeros(mask.shape).masked_fill(~mask, torch.finfo(torch.float32).min)
+    expected, _ = folded_attention(None, query, key, value, mask, scaling=dim**-0.5)
+    with attention_context(("triton",)):
+        got, weights = folded_attention(None, query, key, value, mask, scaling=dim**-0.5)
+    assert weights is None and got.shape == (rows, 1, heads, dim)
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
+    assert kernel_calls == ([] if additive else [(rows, heads, 1, dim)])
+    folded_attention(None, query, key, value, mask, scaling=dim**-0.5)  # the switch is off again after the block
+    assert len(kernel_calls) == (0 if additive else 1)
+
+
+def test_prefill_stays_on_sdpa_with_the_switch_on(kernel_calls) -> None:
+    query, key = torch.randn(2, 4, 5, 16), torch.randn(2, 2, 5, 16)
+    mask = torch.ones(2, 1, 5, 5, dtype=torch.bool).tril()
+    with attention_context(("triton",)):
+        got, _ = folded_attention(None, query, key, key, mask, scaling=0.25)
+    torch.testing.assert_close(got, unfolded(query, key, key, mask, 0.25))
+    assert kernel_calls == []
+
+
+def test_the_eager_twin_with_the_kernel_matches_generate(tiny_model_path, triton_kernel, kernel_calls) -> None:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32, attn_implementation="sdpa")
+    model.eval()
+    expected = reference(model, PROMPTS, EOS, do_sample=False)
+    assert (
+        decode(StaticDecoder(use_graph=False, sdpa_backends=("triton",)), model, EOS, Sampling(greedy=True)) == expected
+    )
+    assert kernel_calls and all(shape[2] == 1 for shape in kernel_calls)  # the decode steps ran the kernel

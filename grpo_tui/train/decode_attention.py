@@ -8,12 +8,17 @@ step ran at 5.5% of the memory-bandwidth bound, its time growing with the KV cac
 Folding instead views the queries [R, H, q, D] as [R, H_kv, G*q, D] (head h = kv * G + g, the order
 repeat_kv uses), so each key/value head is read once by the G queries of its group; the mask is repeated
 over g, which is small. Same arithmetic per (query head, key) pair as the unfolded attention.
+
+Opt-in (`attention_context` with the name "triton", e.g. the benchmark's `graph@triton`): a decode step (one
+query per row, a bool mask) goes to `grpo_kernels.decode_attention` instead, a split-KV Triton kernel that
+reads only the cache slots the mask allows (its torch twin off CUDA); prefill stays on sdpa. Not the default
+until it beats sdpa on the GPU (an earlier kernel lost: commit ad36d85).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
 import torch
@@ -21,6 +26,11 @@ import torch.nn.functional as F
 
 # The name the decoder's forwards run under (registered with transformers' AttentionInterface on import).
 DECODE_ATTENTION = "grpo_tui_folded_gqa"
+# The name that sends decode steps to grpo_kernels' kernel (beside torch's SDPBackend names)
+TRITON_DECODE = "triton"
+# Whether `folded_attention` sends decode steps to grpo_kernels.decode_attention: set only inside
+# `attention_context`; torch.compile reads it while tracing (and guards on it), a CUDA graph keeps the choice.
+_decode_kernel_on = False
 
 
 def folded_attention(
@@ -36,10 +46,20 @@ def folded_attention(
     """transformers' attention-function contract: [R, H, q, D] queries, [R, H_kv, L, D] keys/values, a bool
     (True = attend) or additive mask [R, 1, q, L]; returns [R, q, H, D] and no weights."""
     rows, heads, length, dim = query.shape
+    mask = attention_mask
+    if (
+        _decode_kernel_on
+        and length == 1
+        and mask is not None
+        and mask.dtype == torch.bool
+        and mask.shape[1:3] == (1, 1)
+    ):
+        from grpo_kernels.decode_attention import decode_attention
+
+        return decode_attention(query, key, value, mask[:, 0, 0], scaling), None
     kv_heads = key.shape[1]
     group = heads // kv_heads
     q = query.reshape(rows, kv_heads, group * length, dim)
-    mask = attention_mask
     if mask is not None:
         if mask.shape[1] != 1:
             raise ValueError(f"folded attention takes a mask shared by the heads, got shape {tuple(mask.shape)}")
@@ -70,11 +90,34 @@ def folded_heads(model: Any) -> Iterator[None]:
 
 
 def sdpa_backend_list(names: tuple[str, ...]) -> list[Any]:
-    """torch's SDPBackend members for names like "efficient" or "cudnn"; a one-line ValueError for others."""
+    """torch's SDPBackend members for names like "efficient" or "cudnn" ("triton" is accepted and left out: it
+    is no sdpa kernel, see `attention_context`); a one-line ValueError for others."""
     from torch.nn.attention import SDPBackend
 
     known = {"cudnn": "CUDNN_ATTENTION", "flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION", "math": "MATH"}
-    unknown = [name for name in names if name not in known]
+    unknown = [name for name in names if name not in known and name != TRITON_DECODE]
     if unknown:
-        raise ValueError(f"sdpa backend: got {', '.join(unknown)}; allowed: {', '.join(known)}")
-    return [getattr(SDPBackend, known[name]) for name in names]
+        raise ValueError(f"sdpa backend: got {', '.join(unknown)}; allowed: {', '.join([*known, TRITON_DECODE])}")
+    return [getattr(SDPBackend, known[name]) for name in names if name != TRITON_DECODE]
+
+
+def attention_context(names: tuple[str, ...]) -> AbstractContextManager[None]:
+    """The block a decoder runs its steps in: sdpa held to the named kernels (none named: torch's choice) and,
+    with "triton", decode steps on grpo_kernels.decode_attention. Checks the names now (a one-line ValueError)."""
+    return _attention_choice(sdpa_backend_list(names), TRITON_DECODE in names)
+
+
+@contextmanager
+def _attention_choice(backends: list[Any], decode_kernel: bool) -> Iterator[None]:
+    from contextlib import nullcontext
+
+    from torch.nn.attention import sdpa_kernel
+
+    global _decode_kernel_on
+    previous = _decode_kernel_on
+    _decode_kernel_on = decode_kernel
+    try:
+        with sdpa_kernel(backends) if backends else nullcontext():
+            yield
+    finally:
+        _decode_kernel_on = previous

@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from grpo_tui.runs.failures import one_line
-from grpo_tui.train.decode_attention import folded_heads, sdpa_backend_list
+from grpo_tui.train.decode_attention import attention_context, folded_heads
 
 # Rollouts pad their rows and cache length up to these multiples, so nearby shapes share one captured graph.
 ROW_MULTIPLE = 8
@@ -227,10 +227,12 @@ class StaticDecoder:
         sdpa_backends: tuple[str, ...] = (),
     ) -> None:
         self.use_graph = use_graph
-        # The sdpa kernels the decode steps may use (torch's SDPBackend names; empty: torch's own choice). For
+        # The sdpa kernels the decode steps may use (torch's SDPBackend names; empty: torch's own choice), and
+        # "triton" for grpo_kernels' decode kernel (opt-in, see decode_attention.attention_context). For
         # benchmarks: on the H200 torch picks cuDNN's, 98 us per layer and token at batch 64
-        # (benchmarks/results/h200-2026-12-03/README.md).
-        self._sdpa = sdpa_backend_list(sdpa_backends)
+        # (benchmarks/results/h200-2026-12-03/README.md). Checked here: a one-line ValueError before any rollout.
+        self._sdpa = tuple(sdpa_backends)
+        attention_context(self._sdpa)
         # torch.compile's fused kernels for the token step (the graph captures them as they are): ~1.5x the
         # tokens/s of the plain graph on the H200, for ~35 s of compiling per bucket shape and process.
         self.compiled = compiled
@@ -288,11 +290,7 @@ class StaticDecoder:
         return cut_at_eos(state.out[:count, :steps].cpu(), eos_ids)
 
     def _sdpa_context(self) -> Any:
-        from contextlib import nullcontext
-
-        from torch.nn.attention import sdpa_kernel
-
-        return sdpa_kernel(self._sdpa) if self._sdpa else nullcontext()
+        return attention_context(self._sdpa)
 
     def _step(self, model: Any) -> None:
         if self._graph is None:
