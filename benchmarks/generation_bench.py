@@ -56,7 +56,8 @@ class Backend:
 
         self.name, self.model, self.pad_id = name, model, pad_id
         # graph-plain: the captured step without torch.compile (graph compiles it, as the trainer does);
-        # NAME@sdpa[+sdpa]: the decode steps restricted to those sdpa kernels (e.g. graph@efficient).
+        # NAME@sdpa[+sdpa]: the decode steps restricted to those sdpa kernels (e.g. graph@efficient), or on
+        # grpo_kernels' split-KV decode kernel with NAME@triton (e.g. graph-plain@triton; prefill stays on sdpa).
         base, _, sdpa = name.partition("@")
         use_graph = model.device.type == "cuda"
         sdpa_backends = tuple(sdpa.split("+")) if sdpa else ()
@@ -211,7 +212,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batches", default=None, help="comma-separated batch sizes (default 16,128,512)")
     parser.add_argument("--new-tokens", type=int, default=None, help="default 256 (8 with --tiny)")
     parser.add_argument("--samples", type=int, default=None, help="sampling-check completions (default 512)")
-    parser.add_argument("--backends", default=",".join(BACKENDS))
+    parser.add_argument(
+        "--backends",
+        default=",".join(BACKENDS),
+        help="comma-separated: generate, static, graph, graph-plain; graph[-plain]@KERNEL[+KERNEL] holds the decode "
+        "steps to sdpa kernels (cudnn, flash, efficient, math) or to grpo_kernels' decode kernel (triton)",
+    )
     parser.add_argument(
         "--backend-batches",
         action="append",
