@@ -255,3 +255,53 @@ def test_kernels_compile_once_whatever_the_valid_token_count() -> None:
     finally:
         triton.knobs.runtime.jit_post_compile_hook = previous
     assert compiles == []
+
+
+def _decode_inputs(seed: int, group: int = 2, filled: int = 300):
+    """The Qwen3-0.6B decode step: 128 rows, 8 kv heads of dim 128 over a 512-slot cache filled to `filled`,
+    left padding of varying width; bf16 random contents everywhere, unwritten slots included."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    rows, kv_heads, length, dim = 128, 8, 512, 128
+    query = torch.randn(rows, kv_heads * group, 1, dim, device="cuda", generator=g).bfloat16()
+    key, value = (torch.randn(rows, kv_heads, length, dim, device="cuda", generator=g).bfloat16() for _ in range(2))
+    index = torch.arange(length, device="cuda")
+    starts = torch.randint(0, 200, (rows,), device="cuda", generator=g)
+    mask = (index[None, :] >= starts[:, None]) & (index[None, :] <= filled)
+    return query, key, value, mask
+
+
+@pytest.mark.parametrize("group", [1, 2, 4])
+def test_decode_attention_bf16_matches_the_fp32_twin(group: int) -> None:
+    from grpo_kernels.decode_attention import decode_attention, decode_attention_torch
+
+    query, key, value, mask = _decode_inputs(next_seed(), group)
+    got = decode_attention(query, key, value, mask)
+    assert got.shape == (128, 1, 8 * group, 128) and got.dtype == torch.bfloat16
+    expected = decode_attention_torch(query.float(), key.float(), value.float(), mask, 128**-0.5)
+    torch.testing.assert_close(got.float(), expected, rtol=0, atol=2e-2)
+    # Slots the mask rules out are never read: NaN there changes nothing, bit for bit
+    ruled_out = ~mask[:, None, :, None]
+    nan = decode_attention(query, key.masked_fill(ruled_out, torch.nan), value.masked_fill(ruled_out, torch.nan), mask)
+    zeros = decode_attention(query, key.masked_fill(ruled_out, 0), value.masked_fill(ruled_out, 0), mask)
+    assert torch.equal(nan, got) and torch.equal(zeros, got)
+
+
+def test_decode_attention_replays_from_a_cuda_graph_after_the_cache_changes() -> None:
+    from grpo_kernels.decode_attention import decode_attention, decode_attention_torch
+
+    query, key, value, mask = _decode_inputs(next_seed())
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # compiles the kernels outside the capture
+        decode_attention(query, key, value, mask)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = decode_attention(query, key, value, mask)
+    for filled in (301, 420, 511):  # the decoder's next steps: new contents, one more slot allowed
+        fresh = _decode_inputs(next_seed(), filled=filled)
+        for static, new in zip((query, key, value, mask), fresh):
+            static.copy_(new)
+        graph.replay()
+        expected = decode_attention_torch(query.float(), key.float(), value.float(), mask, 128**-0.5)
+        torch.testing.assert_close(out.float(), expected, rtol=0, atol=2e-2)

@@ -134,3 +134,10 @@ def test_mixed_dtypes_are_one_line() -> None:
     with pytest.raises(ValueError, match="one dtype for query/key/value") as error:
         da.decode_attention(query, key, key.clone(), torch.ones(2, 16, dtype=torch.bool))
     assert "\n" not in str(error.value)
+
+
+def test_custom_op_registration_is_consistent() -> None:
+    # torch.compile sees the op through its fake (shapes, dtype, strides); opcheck holds the fake to the real op
+    query, key, value = inputs(3, 4, 2, 64, 16, torch.float32)
+    mask = cache_mask(64, [0, 7, 40], 60)
+    torch.library.opcheck(torch.ops.grpo_kernels.decode_attention.default, (query, key, value, mask, 0.25))
