@@ -131,3 +131,23 @@ def test_the_eager_twin_with_the_kernel_matches_generate(tiny_model_path, triton
         decode(StaticDecoder(use_graph=False, sdpa_backends=("triton",)), model, EOS, Sampling(greedy=True)) == expected
     )
     assert kernel_calls and all(shape[2] == 1 for shape in kernel_calls)  # the decode steps ran the kernel
+
+
+def test_the_graph_decoder_uses_the_kernel_by_default_where_triton_is_installed(tiny_model_path, kernel_calls) -> None:
+    # The trainer's graph backend builds StaticDecoder without naming kernels: decode steps go to
+    # grpo_kernels.decode_attention (its torch twin on CPU tensors), and the completions still equal generate's.
+    import importlib.util
+
+    from transformers import AutoModelForCausalLM
+
+    from grpo_tui.train.decode_attention import DEFAULT_DECODE_ATTENTION
+
+    assert DEFAULT_DECODE_ATTENTION == (("triton",) if importlib.util.find_spec("triton") else ())
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32, attn_implementation="sdpa")
+    model.eval()
+    expected = reference(model, PROMPTS, EOS, do_sample=False)
+    assert decode(StaticDecoder(use_graph=False), model, EOS, Sampling(greedy=True)) == expected
+    assert bool(kernel_calls) == bool(DEFAULT_DECODE_ATTENTION)
+    calls = len(kernel_calls)
+    decode(StaticDecoder(use_graph=False, sdpa_backends=()), model, EOS, Sampling(greedy=True))  # sdpa only
+    assert len(kernel_calls) == calls

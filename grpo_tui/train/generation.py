@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from grpo_tui.runs.failures import one_line
-from grpo_tui.train.decode_attention import attention_context, folded_heads
+from grpo_tui.train.decode_attention import DEFAULT_DECODE_ATTENTION, attention_context, folded_heads
 
 # Rollouts pad their rows and cache length up to these multiples, so nearby shapes share one captured graph.
 ROW_MULTIPLE = 8
@@ -224,14 +224,13 @@ class StaticDecoder:
         compiled: bool = False,
         on_compile_failure: Callable[[str], None] | None = None,
         on_compile_start: Callable[[int, int], None] | None = None,
-        sdpa_backends: tuple[str, ...] = (),
+        sdpa_backends: tuple[str, ...] | None = None,
     ) -> None:
         self.use_graph = use_graph
-        # The sdpa kernels the decode steps may use (torch's SDPBackend names; empty: torch's own choice), and
-        # "triton" for grpo_kernels' decode kernel (opt-in, see decode_attention.attention_context). For
-        # benchmarks: on the H200 torch picks cuDNN's, 98 us per layer and token at batch 64
-        # (benchmarks/results/h200-2026-12-03/README.md). Checked here: a one-line ValueError before any rollout.
-        self._sdpa = tuple(sdpa_backends)
+        # The kernels the decode steps may use: "triton" (grpo_kernels' decode kernel, 2.2x cuDNN's sdpa on the
+        # H200) and/or torch's SDPBackend names (empty: torch's choice); None: DEFAULT_DECODE_ATTENTION.
+        # Checked here: a one-line ValueError before any rollout.
+        self._sdpa = DEFAULT_DECODE_ATTENTION if sdpa_backends is None else tuple(sdpa_backends)
         attention_context(self._sdpa)
         # torch.compile's fused kernels for the token step (the graph captures them as they are): ~1.5x the
         # tokens/s of the plain graph on the H200, for ~35 s of compiling per bucket shape and process.
