@@ -114,7 +114,7 @@ for phase in "$@"; do
       # its own Triton cache, listed with timestamps (a compile inside a step shows there). ~6 min on an H200.
       build_model || exit 1
       # An impl listed twice runs twice (the second as "<impl>-2"): torch.compile's cache is warm by then.
-      labels=()
+      labels=(); plain=()
       for impl in ${PROFILE_IMPLS:-chunked trl}; do
         for batch in ${PROFILE_BATCHES:-64 128}; do
           steps=2; profile=
@@ -131,11 +131,15 @@ for phase in "$@"; do
           cp "$runs"/*/metrics.jsonl "$runs"/*/profile-step*.txt "$OUT/profile/$name/" 2>/dev/null
           find "/tmp/triton-$name" -name '*.json' ! -name '__grp__*' -printf '%T+ %f\n' | sort \
             > "$OUT/profile/$name/triton-compiles.txt"
-          labels+=("${name%-$batch}/$batch=$OUT/profile/$name")
+          if [ -n "$profile" ]; then labels+=("${name%-$batch}/$batch=$OUT/profile/$name")
+          else plain+=("${name%-$batch}/$batch=$OUT/profile/$name"); fi
         done
       done
+      # The profiled step is left out of the profiled runs' rows only (the others ran no profiler)
       python3 benchmarks/step_times.py --skip-step ${PROFILE_STEP:-3} --out "$OUT/profile/step-times.json" "${labels[@]}" \
         | tee "$OUT/profile/step-times.md"
+      [ ${#plain[@]} -gt 0 ] && python3 benchmarks/step_times.py --out "$OUT/profile/step-times-unprofiled.json" \
+        "${plain[@]}" | tee -a "$OUT/profile/step-times.md"
       ;;
     steps)
       # Issues 12 and 13: whole steps per loss impl, generation backend and memory option, each a fresh
