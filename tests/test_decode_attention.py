@@ -151,3 +151,35 @@ def test_the_graph_decoder_uses_the_kernel_by_default_where_triton_is_installed(
     calls = len(kernel_calls)
     decode(StaticDecoder(use_graph=False, sdpa_backends=()), model, EOS, Sampling(greedy=True))  # sdpa only
     assert len(kernel_calls) == calls
+
+
+def _decode_bench():
+    import importlib.util
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "decode_attention_bench.py"
+    spec = importlib.util.spec_from_file_location("decode_attention_bench", script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_decode_attention_bench_smoke_on_cpu(tmp_path, capsys) -> None:
+    import json
+
+    bench = _decode_bench()
+    assert bench.main(["--device", "cpu", "--shapes", "3x96x40", "--out", str(tmp_path)]) == 0
+    (line,) = capsys.readouterr().out.splitlines()
+    summary = json.loads(line)
+    assert (summary["rows"], summary["length"], summary["filled"]) == (3, 96, 40)
+    assert summary["best"]["err"] < 1e-5 and summary["default_us"] == summary["best"]["us"] > 0
+    saved = json.loads((tmp_path / "decode-attention.json").read_text())
+    assert saved["shapes"] == [summary] and len(saved["timings"]) == 1
+
+
+@pytest.mark.parametrize("shapes", ["128x512", "128x512x512", "0x512x300", "axbxc"])
+def test_decode_attention_bench_refuses_bad_shapes(tmp_path, capsys, shapes: str) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        _decode_bench().main(["--device", "cpu", "--shapes", shapes, "--out", str(tmp_path)])
+    assert exit_info.value.code == 2
+    assert f"--shapes: got {shapes!r}; allowed: ROWSxLENGTHxFILLED" in capsys.readouterr().err
