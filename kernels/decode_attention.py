@@ -178,6 +178,16 @@ def decode_attention_torch(
     return out.reshape(rows, 1, heads, dim).to(query.dtype)
 
 
+def supports(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor) -> bool:
+    """Whether `decode_attention` takes these inputs (else it raises): callers with a fallback ask first, so a
+    model whose head size the kernel does not cover (not a power of two >= 16) keeps its sdpa path."""
+    try:
+        _check(query, key, value, mask)
+    except ValueError:
+        return False
+    return True
+
+
 def _check(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor) -> None:
     if query.dim() != 4 or key.dim() != 4:
         raise ValueError(

@@ -183,3 +183,16 @@ def test_decode_attention_bench_refuses_bad_shapes(tmp_path, capsys, shapes: str
         _decode_bench().main(["--device", "cpu", "--shapes", shapes, "--out", str(tmp_path)])
     assert exit_info.value.code == 2
     assert f"--shapes: got {shapes!r}; allowed: ROWSxLENGTHxFILLED" in capsys.readouterr().err
+
+
+def test_a_head_size_the_kernel_does_not_cover_stays_on_sdpa(kernel_calls) -> None:
+    # The kernel is the decoder's default: a model with head size 24 (not a power of two) must still decode
+    generator = torch.Generator().manual_seed(2)
+    query = torch.randn(2, 4, 1, 24, generator=generator)
+    key, value = (torch.randn(2, 2, 9, 24, generator=generator) for _ in range(2))
+    mask = torch.ones(2, 1, 1, 9, dtype=torch.bool)
+    mask[0, ..., :3] = False
+    with attention_context(("triton",)):
+        got, _ = folded_attention(None, query, key, value, mask, scaling=24**-0.5)
+    torch.testing.assert_close(got, unfolded(query, key, value, mask, 24**-0.5))
+    assert kernel_calls == []
