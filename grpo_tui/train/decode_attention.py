@@ -53,7 +53,13 @@ def folded_attention(
     (True = attend) or additive mask [R, 1, q, L]; returns [R, q, H, D] and no weights."""
     rows, heads, length, dim = query.shape
     mask = attention_mask
-    if _decode_kernel_on and length == 1 and mask is not None and mask.dtype == torch.bool and mask.shape[1:3] == (1, 1):
+    if (
+        _decode_kernel_on
+        and length == 1
+        and mask is not None
+        and mask.dtype == torch.bool
+        and mask.shape[1:3] == (1, 1)
+    ):
         from grpo_kernels.decode_attention import decode_attention, supports
 
         if supports(query, key, value, mask[:, 0, 0]):  # else (e.g. a head size of 80) sdpa below
