@@ -207,6 +207,27 @@ def measure(
     }
 
 
+def profile_rollout(
+    backend: Backend, prompts: list[list[int]], new_tokens: int, stop_ids: list[int], device: torch.device, out: Path
+) -> Path:
+    """One more rollout of `prompts` under torch.profiler (after the timed one: nothing left to compile);
+    its operator tables go to OUT/profile-<backend>-<rows>.txt."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from grpo_tui.train.phase_memory import write_profile_tables
+
+    cuda = device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof, torch.no_grad():
+        backend.run(prompts, new_tokens, stop_ids, ignore_eos=True)
+        sync(device)
+    path = out / f"profile-{backend.name.replace('@', '_at_')}-{len(prompts)}.txt"
+    out.mkdir(parents=True, exist_ok=True)
+    title = f"one rollout, {backend.name}, {len(prompts)} x {new_tokens} tokens"
+    write_profile_tables(prof, path, cuda, title)
+    return path
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda")
@@ -230,11 +251,22 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--no-sampling", default="", help="comma-separated backends whose sampling check is skipped")
     parser.add_argument("--budget-s", type=float, default=230.0)
+    parser.add_argument(
+        "--profile-batch",
+        type=int,
+        default=None,
+        metavar="B",
+        help="after each backend's timed rollout at batch B, one more under torch.profiler: its operator tables "
+        "go to OUT/profile-<backend>-<B>.txt",
+    )
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     began = time.perf_counter()
     device = torch.device(args.device)
-    batches = [int(b) for b in (args.batches or ("4,8" if args.tiny else "16,128,512")).split(",")]
+    batch_text = args.batches or ("4,8" if args.tiny else "16,128,512")
+    if not all(b.strip().isdigit() and int(b) > 0 for b in batch_text.split(",")):
+        parser.error(f"--batches: got {batch_text!r}; allowed: comma-separated positive integers, e.g. 16,128,512")
+    batches = [int(b) for b in batch_text.split(",")]
     new_tokens = args.new_tokens or (8 if args.tiny else 256)
     samples = args.samples or (16 if args.tiny else 512)
 
@@ -291,6 +323,8 @@ def main(argv: list[str] | None = None) -> int:
             row.update(bound_tokens_per_s=bound, bound_fraction=row["tokens_per_s"] / bound)
             result["throughput"].append(row)
             print(json.dumps(row), flush=True)
+            if rows == args.profile_batch and not over_budget(f"{name} profile batch {rows}"):
+                profile_rollout(backend, batch, new_tokens, stop_ids.tolist(), device, args.out)
         if name not in args.no_sampling.split(",") and not over_budget(f"{name} sampling check"):
             torch.manual_seed(0)
             start = time.perf_counter()

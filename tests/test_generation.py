@@ -335,17 +335,36 @@ def test_benchmark_smoke_on_cpu(tiny_model_path: Path, tmp_path: Path) -> None:
         "graph,generate,static,graph-plain@math",
         "--no-sampling",
         "graph-plain@math",
+        "--profile-batch",
+        "8",
         "--out",
         str(tmp_path),
     ]
     assert bench.main(argv) == 0
     result = json.loads((tmp_path / "generation-bench.json").read_text())
     assert [r["backend"] for r in result["throughput"]] == ["graph", "generate", "static", "graph-plain@math"]
+    table = (tmp_path / "profile-graph-plain_at_math-8.txt").read_text()  # one per backend profiled at batch 8
+    assert "one rollout, graph-plain@math, 8 x 4 tokens" in table and "aten::" in table
+    assert (tmp_path / "profile-generate-8.txt").is_file()
+    assert all("first_call_peak_mib" in r for r in result["throughput"])
     assert all(r["tokens_per_s"] > 0 and 0 < r["bound_fraction"] for r in result["throughput"])
     for check in result["sampling"]:
         assert check["completions"] == 8 and 1 <= check["length_mean"] <= 4 and check["mean_logprob"] < 0
         assert check["mean_logprob_se"] > 0 and check["length_mean_se"] >= 0
     assert [m["backend"] for m in result["sampling_match"]] == ["graph", "static"]
+
+
+def test_benchmark_refuses_bad_batches(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    import importlib.util
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "generation_bench.py"
+    spec = importlib.util.spec_from_file_location("generation_bench", script)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    with pytest.raises(SystemExit) as exit_info:
+        bench.main(["--device", "cpu", "--tiny", "--batches", "8,x", "--out", str(tmp_path)])
+    assert exit_info.value.code == 2
+    assert "--batches: got '8,x'; allowed: comma-separated positive integers" in capsys.readouterr().err
 
 
 def test_benchmark_sampling_match_is_in_units_of_the_combined_standard_error() -> None:

@@ -309,16 +309,24 @@ class StepProfiler:
             return
         self._gc.stop()
         self._profile.__exit__(None, None, None)
-        averages = self._profile.key_averages()
         device = "device" if self.cuda else "cpu"
-        parts = [f"# torch.profiler, optimizer step {step} of this process ({device} time)\n", self._gc.summary()]
-        # CPU time shows host-side stalls the device tables cannot: compiles, plan building, syncs
-        sorts = (f"{device}_time_total", f"self_{device}_time_total") + (("self_cpu_time_total",) if self.cuda else ())
-        for sort in sorts:
-            parts.append(f"\n## top {PROFILE_ROWS} by {sort}\n")
-            parts.append(averages.table(sort_by=sort, row_limit=PROFILE_ROWS, max_name_column_width=60))
-        self.path.write_text("".join(parts) + "\n", encoding="utf-8")
+        title = f"optimizer step {step} of this process ({device} time)"
+        write_profile_tables(self._profile, self.path, self.cuda, title, self._gc.summary())
         self._profile = None
+
+
+def write_profile_tables(profile: Any, path: Path, cuda: bool, title: str, preamble: str = "") -> None:
+    """A finished torch.profiler's operator tables as text: the top `PROFILE_ROWS` by total and by self device
+    time (CPU time without CUDA), and on CUDA by self CPU time, which shows host-side stalls the device tables
+    cannot (compiles, plan building, syncs)."""
+    averages = profile.key_averages()
+    device = "device" if cuda else "cpu"
+    parts = [f"# torch.profiler, {title}\n", preamble]
+    sorts = (f"{device}_time_total", f"self_{device}_time_total") + (("self_cpu_time_total",) if cuda else ())
+    for sort in sorts:
+        parts.append(f"\n## top {PROFILE_ROWS} by {sort}\n")
+        parts.append(averages.table(sort_by=sort, row_limit=PROFILE_ROWS, max_name_column_width=60))
+    Path(path).write_text("".join(parts) + "\n", encoding="utf-8")
 
 
 class GcPauses:
