@@ -94,6 +94,7 @@ def fused_linear_grpo_loss(
     importance_sampling_level: str = "token",
     chunk_tokens: int | None = None,
     lean: bool = False,
+    fused_stats: bool = False,
 ) -> tuple[torch.Tensor, GrpoMetrics]:
     """GRPO loss of `hidden @ weight.T (+ bias)` without materialising the logits.
 
@@ -114,6 +115,8 @@ def fused_linear_grpo_loss(
             default `default_chunk_tokens(V, dtype, lean)`.
         lean: accumulate the weight gradient in the weight's dtype and use half-size chunks: less
             memory, but each chunk's partial dW is rounded to bf16 before the sum.
+        fused_stats: the row statistics in the logits GEMM's epilogue (`gemm_stats`) instead of a pass
+            over the chunk's logits; opt-in until timed on a GPU against the default.
 
     Under autocast, hidden, weight and bias are cast to the autocast dtype first (as the model's own
     lm_head would be); gradients flow back through the casts. Otherwise their dtypes must match.
@@ -143,6 +146,7 @@ def fused_linear_grpo_loss(
             importance_sampling_level=importance_sampling_level,
             chunk_tokens=chunk_tokens,
             lean=lean,
+            fused_stats=fused_stats,
         )
 
 
@@ -166,6 +170,7 @@ def _fused_linear_grpo_loss(
     importance_sampling_level,
     chunk_tokens,
     lean,
+    fused_stats=False,
 ):
     """`fused_linear_grpo_loss` with autocast resolved."""
     check_head(hidden, weight, completion_ids, bias)
@@ -259,6 +264,7 @@ def _fused_linear_grpo_loss(
             seq_grad=seq_grad,
             want=want,
             lean=lean,
+            fused_stats=fused_stats,
         )
         gw, gb = in_weight_dtype(gw, weight), in_weight_dtype(gb, weight)
         # The loss value and the logged metrics from all log-probs at once: the same code as the reference
@@ -284,6 +290,7 @@ def selective_logprobs(
     temperature: float = 1.0,
     return_entropy: bool = False,
     chunk_tokens: int | None = None,
+    fused_stats: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Log-probs of `ids` under `hidden @ weight.T (+ bias)` / temperature, without logits or autograd.
 
@@ -295,6 +302,8 @@ def selective_logprobs(
         temperature: logits are divided by it; return_entropy: also return the entropies.
         chunk_tokens: rows per chunk; default `default_chunk_tokens(V, dtype, scoring=True)`, a smaller
             chunk than the loss's (no dW accumulator here: the chunk buffer is most of the extra memory).
+        fused_stats: the row statistics in the logits GEMM's epilogue (`gemm_stats`): no logits are
+            written and no chunk buffer is allocated; opt-in until timed on a GPU against the default.
 
     Returns:
         fp32 log-probs of shape ids.shape (fp64 for fp64 inputs), and the entropies if asked.
@@ -323,6 +332,7 @@ def selective_logprobs(
             seq_grad=None,
             want=(False, False, False),
             lean=False,
+            fused_stats=fused_stats,
         )
     if return_entropy:
         return logps.view(ids.shape), entropies.view(ids.shape)
