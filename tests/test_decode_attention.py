@@ -196,3 +196,69 @@ def test_a_head_size_the_kernel_does_not_cover_stays_on_sdpa(kernel_calls) -> No
         got, _ = folded_attention(None, query, key, value, mask, scaling=24**-0.5)
     torch.testing.assert_close(got, unfolded(query, key, value, mask, 24**-0.5))
     assert kernel_calls == []
+
+
+def test_a_failing_kernel_falls_back_to_sdpa_for_good(tiny_model_path, monkeypatch) -> None:
+    # The kernel is the default on every CUDA GPU; one it cannot run on must not end the training run
+    from transformers import AutoModelForCausalLM
+
+    from grpo_kernels import decode_attention as da
+
+    calls = []
+
+    def broken(query, *args, **kwargs):
+        calls.append(tuple(query.shape))
+        raise RuntimeError("PassManager::run failed\nlong compiler output")
+
+    monkeypatch.setattr(da, "decode_attention", broken)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32, attn_implementation="sdpa")
+    model.eval()
+    expected = reference(model, PROMPTS, EOS, do_sample=False)
+    reasons: list[str] = []
+    decoder = StaticDecoder(use_graph=False, sdpa_backends=("triton",), on_kernel_failure=reasons.append)
+    assert decode(decoder, model, EOS, Sampling(greedy=True)) == expected
+    assert reasons == ["decode attention kernel failed (RuntimeError: PassManager::run failed)"]
+    tried = len(calls)
+    assert tried >= 1 and decoder._sdpa == ()
+    assert decode(decoder, model, EOS, Sampling(greedy=True)) == expected  # later rollouts: sdpa, no retry
+    assert len(calls) == tried and len(reasons) == 1
+
+
+def test_out_of_memory_in_the_kernel_is_not_hidden(tiny_model_path, monkeypatch) -> None:
+    from transformers import AutoModelForCausalLM
+
+    from grpo_kernels import decode_attention as da
+
+    def oom(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory")
+
+    monkeypatch.setattr(da, "decode_attention", oom)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32, attn_implementation="sdpa")
+    decoder = StaticDecoder(use_graph=False, sdpa_backends=("triton",), on_kernel_failure=pytest.fail)
+    with pytest.raises(torch.OutOfMemoryError):
+        decode(decoder, model, EOS, Sampling(greedy=True))
+    assert decoder._sdpa == ("triton",)
+
+
+def test_rollouts_say_the_kernel_fallback_in_one_line_and_an_event(capsys) -> None:
+    from types import SimpleNamespace
+
+    from grpo_tui.train.rollouts import Rollouts
+
+    events = []
+    rollouts = Rollouts.__new__(Rollouts)  # only the reporting half: no trainer is built
+    rollouts.trainer = SimpleNamespace(accelerator=SimpleNamespace(is_main_process=True))
+    rollouts._on_event = lambda name, **fields: events.append((name, fields))
+    rollouts._kernel_failed("decode attention kernel failed (RuntimeError: x)")
+    out = capsys.readouterr().out
+    assert out == "grpo-tui: graph decoding with sdpa attention: decode attention kernel failed (RuntimeError: x)\n"
+    assert events == [
+        (
+            "generation_fallback",
+            {
+                "requested": "graph (decode kernel)",
+                "used": "graph",
+                "reason": "decode attention kernel failed (RuntimeError: x)",
+            },
+        )
+    ]

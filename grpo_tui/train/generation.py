@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from grpo_tui.runs.failures import one_line
-from grpo_tui.train.decode_attention import DEFAULT_DECODE_ATTENTION, attention_context, folded_heads
+from grpo_tui.train.decode_attention import DEFAULT_DECODE_ATTENTION, TRITON_DECODE, attention_context, folded_heads
 
 # Rollouts pad their rows and cache length up to these multiples, so nearby shapes share one captured graph.
 ROW_MULTIPLE = 8
@@ -205,6 +205,11 @@ def decode_step(model: Any, state: DecodeState, dtype: torch.dtype) -> torch.Ten
     return logits
 
 
+def failure(what: str, exc: BaseException) -> str:
+    """One line for the log: `what (ExcType: first line of its message)`."""
+    return f"{what} ({type(exc).__name__}: {one_line((str(exc).strip() or '?').splitlines()[0], limit=200)})"
+
+
 def _round_up(value: int, multiple: int) -> int:
     return -(-value // multiple) * multiple
 
@@ -225,6 +230,7 @@ class StaticDecoder:
         on_compile_failure: Callable[[str], None] | None = None,
         on_compile_start: Callable[[int, int], None] | None = None,
         sdpa_backends: tuple[str, ...] | None = None,
+        on_kernel_failure: Callable[[str], None] | None = None,
     ) -> None:
         self.use_graph = use_graph
         # The kernels the decode steps may use: "triton" (grpo_kernels' decode kernel, 2.2x cuDNN's sdpa on the
@@ -236,7 +242,7 @@ class StaticDecoder:
         # tokens/s of the plain graph on the H200, for ~35 s of compiling per bucket shape and process.
         self.compiled = compiled
         self._take = torch.compile(decode_and_take, dynamic=False) if compiled else decode_and_take
-        self._on_compile_failure = on_compile_failure
+        self._on_compile_failure, self._on_kernel_failure = on_compile_failure, on_kernel_failure
         self._on_compile_start = on_compile_start  # (rows, length): a bucket shape compiled for the first time
         self._compiled_shapes: set[tuple] = set()
         self.state: DecodeState | None = None
@@ -255,9 +261,20 @@ class StaticDecoder:
         pad_id: int,
         sampling: Sampling,
     ) -> list[list[int]]:
-        """Completion ids per prompt, each cut after its first EOS (TRL's `_generate_single_turn` contract)."""
-        with folded_heads(model), self._sdpa_context():  # captured with them, so replays keep them
-            return self._generate(model, prompt_ids, max_new_tokens, eos_ids, pad_id, sampling)
+        """Completion ids per prompt, each cut after its first EOS (TRL's `_generate_single_turn` contract).
+        If a rollout fails on grpo_kernels' decode kernel (e.g. a GPU it does not compile for), it runs again on
+        sdpa, which later rollouts keep, after a one-line reason to `on_kernel_failure`; out of memory is raised."""
+        while True:
+            try:
+                with folded_heads(model), self._sdpa_context():  # captured with them, so replays keep them
+                    return self._generate(model, prompt_ids, max_new_tokens, eos_ids, pad_id, sampling)
+            except Exception as exc:
+                if TRITON_DECODE not in self._sdpa or isinstance(exc, torch.OutOfMemoryError):
+                    raise
+                self._sdpa = tuple(name for name in self._sdpa if name != TRITON_DECODE)
+                self.release()
+                if self._on_kernel_failure is not None:
+                    self._on_kernel_failure(failure("decode attention kernel failed", exc))
 
     def _generate(self, model, prompt_ids, max_new_tokens, eos_ids, pad_id, sampling) -> list[list[int]]:
         device = next(model.parameters()).device
@@ -357,8 +374,7 @@ class StaticDecoder:
                 raise
             self.compiled, self._take = False, decode_and_take
             if self._on_compile_failure is not None:
-                first = (str(exc).strip() or "?").splitlines()[0]
-                self._on_compile_failure(f"torch.compile failed ({type(exc).__name__}: {one_line(first, limit=200)})")
+                self._on_compile_failure(failure("torch.compile failed", exc))
             return build()
 
     def _captured(self, model: Any) -> Any:

@@ -65,7 +65,11 @@ class Rollouts:
         self.decoder = None
         if self.backend == "graph":
             self.decoder = StaticDecoder(
-                use_graph=True, compiled=True, on_compile_failure=self._compile_failed, on_compile_start=self._compiling
+                use_graph=True,
+                compiled=True,
+                on_compile_failure=self._compile_failed,
+                on_compile_start=self._compiling,
+                on_kernel_failure=self._kernel_failed,
             )
         self.tokens = 0  # completion tokens generated since the last `take_tokens`
 
@@ -85,6 +89,11 @@ class Rollouts:
         self._say(f"graph decoding without torch.compile: {reason}")
         if self._on_event is not None:
             self._on_event("generation_fallback", requested="graph (compiled)", used="graph", reason=reason)
+
+    def _kernel_failed(self, reason: str) -> None:
+        self._say(f"graph decoding with sdpa attention: {reason}")
+        if self._on_event is not None:
+            self._on_event("generation_fallback", requested="graph (decode kernel)", used="graph", reason=reason)
 
     def end_rollout(self) -> None:
         """Free the decoder's bucket before scoring and the loss (the next rollout captures again)."""
