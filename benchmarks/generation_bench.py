@@ -214,7 +214,7 @@ def profile_rollout(
     its operator tables go to OUT/profile-<backend>-<rows>.txt."""
     from torch.profiler import ProfilerActivity, profile
 
-    from grpo_tui.train.phase_memory import write_profile_tables
+    from grpo_tui.train.profiling import write_profile_tables
 
     cuda = device.type == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from grpo_tui.train import phase_memory
+from grpo_tui.train import phase_memory, profiling
 
 
 class FakeClock:
@@ -93,20 +93,20 @@ def test_merge_times_is_the_mean_over_ranks() -> None:
 
 
 def test_profile_step_env_is_checked(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
-    monkeypatch.delenv(phase_memory.PROFILE_STEP_ENV, raising=False)
-    assert phase_memory.StepProfiler.from_env(tmp_path, cuda=False) is None
-    monkeypatch.setenv(phase_memory.PROFILE_STEP_ENV, "0")
+    monkeypatch.delenv(profiling.PROFILE_STEP_ENV, raising=False)
+    assert profiling.StepProfiler.from_env(tmp_path, cuda=False) is None
+    monkeypatch.setenv(profiling.PROFILE_STEP_ENV, "0")
     with pytest.raises(ValueError, match="GRPO_TUI_PROFILE_STEP: got '0'; allowed"):
-        phase_memory.StepProfiler.from_env(tmp_path, cuda=False)
-    monkeypatch.setenv(phase_memory.PROFILE_STEP_ENV, "3")
-    profiler = phase_memory.StepProfiler.from_env(tmp_path, cuda=False)
+        profiling.StepProfiler.from_env(tmp_path, cuda=False)
+    monkeypatch.setenv(profiling.PROFILE_STEP_ENV, "3")
+    profiler = profiling.StepProfiler.from_env(tmp_path, cuda=False)
     assert profiler is not None and profiler.step == 3 and profiler.path.name == "profile-step3.txt"
 
 
 def test_gc_pauses_count_collections_only_while_started() -> None:
     import gc
 
-    pauses = phase_memory.GcPauses()
+    pauses = profiling.GcPauses()
     gc.collect()  # not started: not counted
     pauses.start()
     pauses.start()  # idempotent: one callback, each collection counted once

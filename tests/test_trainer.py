@@ -350,7 +350,7 @@ def test_naive_entropy_is_a_metric_kept_out_of_the_loss_graph() -> None:
 def test_profile_step_writes_the_operator_tables(
     tiny_model_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from grpo_tui.train.phase_memory import PROFILE_STEP_ENV
+    from grpo_tui.train.profiling import PROFILE_STEP_ENV
 
     monkeypatch.setenv(PROFILE_STEP_ENV, "2")
     run = make_run(tmp_path, "profiled", grpo={"max_steps": 2})

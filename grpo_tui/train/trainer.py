@@ -125,7 +125,8 @@ class GrpoTuiTrainer(LossPhaseMixin, GRPOTrainer):
         on_event: Callable[..., None] | None = None,
         **kwargs: Any,
     ) -> None:
-        from grpo_tui.train.phase_memory import PhaseMemory, StepProfiler
+        from grpo_tui.train.phase_memory import PhaseMemory
+        from grpo_tui.train.profiling import StepProfiler
         from grpo_tui.train.rollouts import Rollouts
 
         self.loss_impl = loss_impl

@@ -1,0 +1,113 @@
+"""Profiling one training step: `$GRPO_TUI_PROFILE_STEP=N` runs the Nth optimizer step of this process under
+torch.profiler and writes its operator tables to the run folder, with Python's gc pauses beside them.
+
+`write_profile_tables` also serves the benchmarks (e.g. one rollout in `benchmarks/generation_bench.py`).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+# The optimizer step (1-based, counted by this process) to run under torch.profiler; unset: none.
+PROFILE_STEP_ENV = "GRPO_TUI_PROFILE_STEP"
+# Rows of each profiler table: the top operators, enough to see where a step's time goes.
+PROFILE_ROWS = 25
+
+
+class StepProfiler:
+    """torch.profiler over one optimizer step; its operator tables go to a text file.
+
+    Two tables of the top `PROFILE_ROWS` operators: by total device time (CPU time without CUDA), which
+    shows the step's big blocks with their children, and by self device time, which names the kernels
+    that are the time. The profiled step is slower than the others (the profiler's overhead): compare
+    step times from unprofiled steps.
+    """
+
+    def __init__(self, step: int, path: Path, cuda: bool) -> None:
+        self.step, self.path, self.cuda = step, path, cuda
+        self._profile: Any = None
+        self._gc = GcPauses()
+
+    @classmethod
+    def from_env(cls, run_path: Path, cuda: bool) -> StepProfiler | None:
+        """The profiler $GRPO_TUI_PROFILE_STEP asks for, writing into `run_path`; None when unset."""
+        raw = os.environ.get(PROFILE_STEP_ENV)
+        if not raw:
+            return None
+        if not raw.isdigit() or int(raw) < 1:
+            raise ValueError(f"{PROFILE_STEP_ENV}: got {raw!r}; allowed: an optimizer step number from 1")
+        rank = os.environ.get("RANK", "0")
+        suffix = "" if rank == "0" else f"-rank{rank}"
+        return cls(int(raw), Path(run_path) / f"profile-step{raw}{suffix}.txt", cuda)
+
+    def step_starting(self, step: int) -> None:
+        if step != self.step or self._profile is not None:
+            return
+        from torch.profiler import ProfilerActivity, profile
+
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.cuda else [])
+        self._profile = profile(activities=activities)
+        self._profile.__enter__()
+        self._gc.start()
+
+    def step_ended(self, step: int) -> None:
+        if step != self.step or self._profile is None:
+            return
+        self._gc.stop()
+        self._profile.__exit__(None, None, None)
+        device = "device" if self.cuda else "cpu"
+        title = f"optimizer step {step} of this process ({device} time)"
+        write_profile_tables(self._profile, self.path, self.cuda, title, self._gc.summary())
+        self._profile = None
+
+
+def write_profile_tables(profile: Any, path: Path, cuda: bool, title: str, preamble: str = "") -> None:
+    """A finished torch.profiler's operator tables as text: the top `PROFILE_ROWS` by total and by self device
+    time (CPU time without CUDA), and on CUDA by self CPU time, which shows host-side stalls the device tables
+    cannot (compiles, plan building, syncs)."""
+    averages = profile.key_averages()
+    device = "device" if cuda else "cpu"
+    parts = [f"# torch.profiler, {title}\n", preamble]
+    sorts = (f"{device}_time_total", f"self_{device}_time_total") + (("self_cpu_time_total",) if cuda else ())
+    for sort in sorts:
+        parts.append(f"\n## top {PROFILE_ROWS} by {sort}\n")
+        parts.append(averages.table(sort_by=sort, row_limit=PROFILE_ROWS, max_name_column_width=60))
+    Path(path).write_text("".join(parts) + "\n", encoding="utf-8")
+
+
+class GcPauses:
+    """Python's garbage-collector pauses while started (gc.callbacks): a full collection over a large heap
+    (torch.compile leaves many objects) stalls the host for as long as any kernel, and no profiler table
+    shows it."""
+
+    def __init__(self) -> None:
+        self.seconds = [0.0, 0.0, 0.0]  # per generation
+        self.counts = [0, 0, 0]
+        self._began = 0.0
+
+    def _callback(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._began = time.perf_counter()
+            return
+        generation = min(int(info.get("generation", 2)), 2)
+        self.seconds[generation] += time.perf_counter() - self._began
+        self.counts[generation] += 1
+
+    def start(self) -> None:
+        import gc
+
+        if self._callback not in gc.callbacks:
+            gc.callbacks.append(self._callback)
+
+    def stop(self) -> None:
+        import gc
+
+        if self._callback in gc.callbacks:
+            gc.callbacks.remove(self._callback)
+
+    def summary(self) -> str:
+        per = ", ".join(f"gen{g} {n} x {1000 * t:.1f} ms" for g, (n, t) in enumerate(zip(self.counts, self.seconds)))
+        return f"\ngc pauses: {1000 * sum(self.seconds):.1f} ms in all ({per})\n"
