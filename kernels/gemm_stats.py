@@ -27,8 +27,10 @@ if HAS_TRITON:
     import triton
     import triton.language as tl
 
-# Columns per program = vocabulary segment of the partials (fixed: the partials are sized before launch)
-BLOCK_N = 256
+# Columns per program = vocabulary segment of the partials (fixed: the partials are sized before launch).
+# 128 keeps a [128, 128] fp32 accumulator at 64 registers a thread (8 warps), leaving room for the epilogue's
+# temporaries of the same shape; 256 would spill them
+BLOCK_N = 128
 # Programs along M grouped so neighbouring programs share weight tiles in L2
 GROUP_M = 8
 
@@ -112,7 +114,7 @@ if HAS_TRITON:
     # Tile shapes and pipelining tuned once per (vocabulary, width); BLOCK_N stays BLOCK_N (the partials' layout)
     _CONFIGS = [
         triton.Config({"BLOCK_M": bm, "BLOCK_K": bk}, num_warps=w, num_stages=s)
-        for bm, bk, w, s in ((128, 64, 8, 3), (128, 64, 8, 4), (64, 64, 4, 4), (128, 32, 8, 4), (64, 128, 8, 3))
+        for bm, bk, w, s in ((128, 64, 8, 3), (128, 64, 4, 4), (64, 64, 4, 4), (128, 128, 8, 3), (256, 64, 8, 3))
     ]
     _gemm_stats_tuned = (
         None if INTERPRET else triton.autotune(configs=_CONFIGS, key=["n_cols", "width"])(_gemm_stats_kernel)
