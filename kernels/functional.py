@@ -36,11 +36,20 @@ SCORING_BUFFER_BYTES = 224 * 2**20
 MIN_CHUNK, MAX_CHUNK, CHUNK_STEP = 256, 16384, 256
 
 
-def default_chunk_tokens(vocab: int, dtype: torch.dtype, lean: bool = False, *, scoring: bool = False) -> int:
+def default_chunk_tokens(
+    vocab: int, dtype: torch.dtype, lean: bool = False, *, scoring: bool = False, fused_stats: bool = False
+) -> int:
     """Rows per chunk so that the logits buffer stays under CHUNK_BUFFER_BYTES (half of it when lean), or
-    under SCORING_BUFFER_BYTES for scoring."""
+    under SCORING_BUFFER_BYTES for scoring. Scoring with `fused_stats` has no logits buffer: its chunk holds
+    the row statistics (12 bytes per row and 128-column segment: 14 KiB a row at V = 152k) under that budget."""
     budget = SCORING_BUFFER_BYTES if scoring else CHUNK_BUFFER_BYTES // (2 if lean else 1)
-    rows = budget // (vocab * torch.finfo(dtype).bits // 8) // CHUNK_STEP * CHUNK_STEP
+    if scoring and fused_stats:
+        from .gemm_stats import BLOCK_N
+
+        row_bytes = 3 * 4 * -(-vocab // BLOCK_N)
+    else:
+        row_bytes = vocab * torch.finfo(dtype).bits // 8
+    rows = budget // row_bytes // CHUNK_STEP * CHUNK_STEP
     return max(MIN_CHUNK, min(MAX_CHUNK, rows))
 
 
@@ -317,7 +326,7 @@ def selective_logprobs(
         None if mask is None else (mask != 0).reshape(-1),
         ids.numel(),
         counts,
-        chunk_tokens or default_chunk_tokens(weight.shape[0], hidden.dtype, scoring=True),
+        chunk_tokens or default_chunk_tokens(weight.shape[0], hidden.dtype, scoring=True, fused_stats=fused_stats),
         whole_sequences=False,
     )
     with torch.autocast(hidden.device.type, enabled=False):

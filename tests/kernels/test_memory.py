@@ -92,3 +92,32 @@ def test_selective_logprobs_uses_the_scoring_chunk(monkeypatch):
     selective_logprobs(h, w, torch.randint(0, V, (2, 50), generator=g))
     monkeypatch.undo()
     assert (32, V) in shapes, f"no 32-row chunk buffer among {shapes}"
+
+
+def test_fused_scoring_chunk_holds_statistics_not_logits():
+    # Scoring with the statistics in the GEMM's epilogue keeps no [C, V] buffer: its chunk is sized by the
+    # partials (12 bytes per row and 128-column segment), which lets far more rows into one GEMM
+    vocab = 151936
+    rows = default_chunk_tokens(vocab, torch.bfloat16, scoring=True, fused_stats=True)
+    assert rows == 16384  # the cap: 224 MiB / 14 KiB a row would be ~16.5k
+    assert default_chunk_tokens(vocab, torch.bfloat16, fused_stats=True) == 1536  # the loss keeps its buffer
+
+
+def test_fused_scoring_allocates_no_logits_buffer(triton_interpreter, monkeypatch):
+    # The Triton kernel (interpreted here); its torch twin, used off CUDA by default, does build the logits
+    shapes = []
+    empty = torch.empty
+
+    def spy(*args, **kwargs):
+        out = empty(*args, **kwargs)
+        shapes.append(tuple(out.shape))
+        return out
+
+    g = torch.Generator().manual_seed(1)
+    h, w = torch.randn(2, 50, H, generator=g), torch.randn(V, H, generator=g)
+    ids = torch.randint(0, V, (2, 50), generator=g)
+    monkeypatch.setattr(torch, "empty", spy)
+    fused = selective_logprobs(h, w, ids, fused_stats=True, chunk_tokens=32)
+    monkeypatch.undo()
+    assert not any(len(s) == 2 and s[1] == V and s[0] > 0 for s in shapes), f"a logits buffer among {shapes}"
+    torch.testing.assert_close(fused, selective_logprobs(h, w, ids, chunk_tokens=32), rtol=1e-5, atol=1e-5)
