@@ -26,8 +26,14 @@ import grpo_kernels.decode_attention as da
 from grpo_tui.train.decode_attention import folded_attention
 
 KV_HEADS, GROUP, DIM = 8, 2, 128
-GRID = {"block": (64, 128), "stages": (2, 3), "warps": (4, 8), "target": (528, 2112)}
-DEFAULT = {"block": da.BLOCK_KEYS, "stages": da.NUM_STAGES, "warps": da.NUM_WARPS, "target": da.TARGET_PROGRAMS}
+GRID = {"block": (64, 128), "stages": (2, 3), "warps": (4, 8), "target": (528, 2112), "hoist": (0, 1)}
+DEFAULT = {
+    "block": da.BLOCK_KEYS,
+    "stages": da.NUM_STAGES,
+    "warps": da.NUM_WARPS,
+    "target": da.TARGET_PROGRAMS,
+    "hoist": int(da.HOIST_BOUNDS),
+}
 
 
 def inputs(rows: int, length: int, filled: int, device: str, dtype: torch.dtype, seed: int = 0) -> tuple:
@@ -67,6 +73,19 @@ def timed_us(fn: Any, cuda: bool, reps: int = 200) -> float:
 def apply(setting: dict[str, int]) -> None:
     da.BLOCK_KEYS, da.NUM_STAGES = setting["block"], setting["stages"]
     da.NUM_WARPS, da.TARGET_PROGRAMS = setting["warps"], setting["target"]
+    da.HOIST_BOUNDS = bool(setting["hoist"])
+
+
+def parse_grid(text: str) -> dict[str, tuple[int, ...]]:
+    """`block=32,64;stages=1,2,3` -> GRID with those axes replaced (the others keep GRID's values)."""
+    grid = dict(GRID)
+    for part in filter(None, text.split(";")):
+        name, _, values = part.partition("=")
+        items = values.split(",")
+        if name not in GRID or not values or not all(v.isdigit() for v in items):
+            raise ValueError(f"--grid: got {part!r}; allowed: NAME=INT[,INT...] with NAME in {', '.join(GRID)}")
+        grid[name] = tuple(int(v) for v in items)
+    return grid
 
 
 def run_shape(shape: tuple[int, int, int], settings: list[dict[str, int]], device: str) -> tuple[dict, list[dict]]:
@@ -114,18 +133,23 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", default="128x512x300,512x512x300")
     parser.add_argument("--quick", action="store_true", help="the default setting only, no grid")
+    parser.add_argument(
+        "--grid",
+        default="",
+        help=f"axes to sweep instead of the default's, e.g. 'block=32,64;hoist=1' ({', '.join(GRID)})",
+    )
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     try:
-        shapes = parse_shapes(args.shapes)
+        shapes, axes = parse_shapes(args.shapes), parse_grid(args.grid)
     except ValueError as error:
         parser.error(str(error))
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device here; allowed: --device cpu for a smoke pass")
-    grid = [dict(zip(GRID, values)) for values in itertools.product(*GRID.values())]
+    grid = [dict(zip(axes, values)) for values in itertools.product(*axes.values())]
     settings = [DEFAULT] if args.quick or args.device == "cpu" else grid
-    results: dict[str, Any] = {"shapes": [], "timings": [], "grid": GRID, "default": DEFAULT}
+    results: dict[str, Any] = {"shapes": [], "timings": [], "grid": axes, "default": DEFAULT}
     for shape in shapes:
         summary, timings = run_shape(shape, settings, args.device)
         print(json.dumps(summary), flush=True)

@@ -43,6 +43,10 @@ MIN_GROUP_PAD = 16
 # Launch settings of the split kernel, left here for a GPU sweep
 NUM_WARPS = 4
 NUM_STAGES = 2
+# Loop bounds from the row's mask, read once per program (first and last allowed slot), instead of a check
+# and branch per block: no branch between one block's keys and the next block's loads, so the loads can be
+# pipelined. For the sweep (`benchmarks/decode_attention_bench.py`); not yet timed on a GPU
+HOIST_BOUNDS = False
 LOG2E = 1.4426950408889634
 
 
@@ -93,6 +97,8 @@ if HAS_TRITON:
         DIM: tl.constexpr,
         BLOCK: tl.constexpr,
         PRECISION: tl.constexpr,
+        HOIST: tl.constexpr,
+        L_PAD: tl.constexpr,
     ):
         # Program (row * KV_HEADS + kv, split): the GROUP query heads of kv over keys [lo, hi)
         pid = tl.program_id(0)
@@ -112,17 +118,32 @@ if HAS_TRITON:
         v_base = v_ptr + row * sv_r + kv * sv_h
         lo = split * split_keys
         hi = tl.minimum(lo + split_keys, length)
+        if HOIST:
+            # Only the blocks from the row's first to its last allowed slot: no per-block check below
+            slots = tl.arange(0, L_PAD)
+            row_mask = tl.load(mask_ptr + row * sm_r + slots, mask=slots < length, other=0) != 0
+            first = tl.min(tl.where(row_mask, slots, length), axis=0)
+            last = tl.max(tl.where(row_mask, slots, -1), axis=0)
+            lo = lo + tl.maximum(first - lo, 0) // BLOCK * BLOCK  # stays on the split's block grid
+            hi = tl.minimum(hi, last + 1)
         for start in range(lo, hi, BLOCK):
             n = start + tl.arange(0, BLOCK)
             allowed = tl.load(mask_ptr + row * sm_r + n, mask=n < hi, other=0) != 0  # [BLOCK]
-            if tl.max(allowed.to(tl.int32), axis=0) > 0:  # padding and unwritten slots are never read
+            if HOIST:
+                reads = True  # the hoisted range: no check per block
+            else:
+                reads = tl.max(allowed.to(tl.int32), axis=0) > 0  # padding and unwritten slots are never read
+            if reads:
                 # Masked loads read 0 there: a slot may hold anything, NaN included
                 k = tl.load(k_base + n[:, None] * sk_l + d[None, :], mask=allowed[:, None], other=0.0)  # [BLOCK, D]
                 s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # [G, BLOCK] fp32, log2 units
                 s = tl.where(allowed[None, :], s, -float("inf"))
-                m_new = tl.maximum(m_i, tl.max(s, axis=1))  # finite: the block allows a key
-                p = tl.exp2(s - m_new[:, None])
-                alpha = tl.exp2(m_i - m_new)
+                m_new = tl.maximum(m_i, tl.max(s, axis=1))
+                # -inf only for a block of holes inside the hoisted range (so far nothing allowed): exp2 of
+                # -inf - 0 gives p = 0 and alpha = 0 there, not NaN
+                m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)
+                p = tl.exp2(s - m_safe[:, None])
+                alpha = tl.exp2(m_i - m_safe)
                 v = tl.load(v_base + n[:, None] * sv_l + d[None, :], mask=allowed[:, None], other=0.0)  # [BLOCK, D]
                 acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
                 l_i = l_i * alpha + tl.sum(p, axis=1)
@@ -254,6 +275,8 @@ def _decode_attention_op(
         DIM=dim,
         BLOCK=BLOCK_KEYS,
         PRECISION="ieee" if query.dtype == torch.float32 else "tf32",  # no TF32 rounding of fp32 inputs
+        HOIST=HOIST_BOUNDS,
+        L_PAD=_next_pow2(length) if HOIST_BOUNDS else 1,  # (a constexpr: no recompile per length without it)
         num_warps=NUM_WARPS,
         num_stages=NUM_STAGES,
     )

@@ -177,6 +177,17 @@ def test_decode_attention_bench_smoke_on_cpu(tmp_path, capsys) -> None:
     assert saved["shapes"] == [summary] and len(saved["timings"]) == 1
 
 
+def test_decode_attention_bench_grid_option(tmp_path, capsys) -> None:
+    bench = _decode_bench()
+    assert bench.parse_grid("block=32,64;hoist=1")["block"] == (32, 64)
+    assert bench.parse_grid("block=32,64;hoist=1")["hoist"] == (1,)
+    assert bench.parse_grid("")["stages"] == bench.GRID["stages"]
+    with pytest.raises(SystemExit) as exit_info:
+        bench.main(["--device", "cpu", "--grid", "blocks=32", "--out", str(tmp_path)])
+    assert exit_info.value.code == 2
+    assert "--grid: got 'blocks=32'; allowed: NAME=INT[,INT...] with NAME in block, stages" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("shapes", ["128x512", "128x512x512", "0x512x300", "axbxc"])
 def test_decode_attention_bench_refuses_bad_shapes(tmp_path, capsys, shapes: str) -> None:
     with pytest.raises(SystemExit) as exit_info:

@@ -19,13 +19,17 @@ TOL = {torch.float32: 1e-5, torch.float16: 2e-3}
 LENGTH = 100  # 3 splits of 48 keys in the shrunk geometry: not a multiple of the split size
 
 
-@pytest.fixture
-def kernel_backend(backend, monkeypatch):
-    """The torch twin, or the Triton kernels under the interpreter with small blocks and many splits."""
+@pytest.fixture(params=[False, True], ids=["per-block-check", "hoisted-bounds"])
+def kernel_backend(backend, monkeypatch, request):
+    """The torch twin, or the Triton kernels under the interpreter with small blocks and many splits, with
+    each way of skipping ruled-out slots (HOIST_BOUNDS)."""
+    if backend == "torch" and request.param:
+        pytest.skip("HOIST_BOUNDS is a setting of the Triton kernel only")
     if backend == "triton":
         monkeypatch.setattr(da, "BLOCK_KEYS", 16)
         monkeypatch.setattr(da, "MIN_SPLIT_KEYS", 32)
         monkeypatch.setattr(da, "TARGET_PROGRAMS", 1 << 20)
+        monkeypatch.setattr(da, "HOIST_BOUNDS", request.param)
     return backend
 
 
@@ -141,3 +145,16 @@ def test_custom_op_registration_is_consistent() -> None:
     query, key, value = inputs(3, 4, 2, 64, 16, torch.float32)
     mask = cache_mask(64, [0, 7, 40], 60)
     torch.library.opcheck(torch.ops.grpo_kernels.decode_attention.default, (query, key, value, mask, 0.25))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_a_hole_of_whole_blocks_inside_the_allowed_range(kernel_backend, dtype) -> None:
+    # Slots 20-69 ruled out between two allowed runs: with hoisted bounds the split starting at 48 meets a whole
+    # block of them before any allowed key (its running max still -inf), which must give 0 weight, not NaN
+    query, key, value = inputs(2, 4, 2, LENGTH, 16, dtype)
+    mask = cache_mask(LENGTH, [5, 0], 90)
+    mask[0, 20:70] = False
+    key[0, :, 20:70] = float("nan")  # never read
+    got = da.decode_attention(query, key, value, mask, 0.3)
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got.double(), reference(query, key, value, mask, 0.3), rtol=0, atol=TOL[dtype])
