@@ -122,6 +122,26 @@ def test_stall_uses_time_and_gpu_utilisation() -> None:
     assert _kinds(state, now=late + 1000) == []  # a finished run does not stall
 
 
+def test_generation_fallbacks_are_warnings_naming_what_runs_instead() -> None:
+    state = _state(10)
+    state.apply(
+        [
+            {"event": "generation_fallback", "requested": "graph", "used": "generate", "reason": "FSDP reshards"},
+            {
+                "event": "generation_fallback",
+                "step": 4,
+                "requested": "graph (decode kernel)",
+                "used": "graph (sdpa attention)",
+                "reason": "decode attention kernel failed (RuntimeError: x)",
+            },
+        ]
+    )
+    alerts = [a for a in detect_alerts(state, now=1011.0) if a.kind == A.GENERATION_FALLBACK]
+    assert [(a.severity, a.step) for a in alerts] == [("warning", 0), ("warning", 4)]
+    assert alerts[0].message == "generation: graph could not run, using generate: FSDP reshards"
+    assert "using graph (sdpa attention): decode attention kernel failed" in alerts[1].message
+
+
 def test_failure_events_are_alerts() -> None:
     state = _state(10)
     state.apply([{"event": "oom", "step": 11, "phase": "loss", "time": 1011.0}])

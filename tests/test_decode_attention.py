@@ -258,7 +258,9 @@ def test_rollouts_say_the_kernel_fallback_in_one_line_and_an_event(capsys) -> No
 
     events = []
     rollouts = Rollouts.__new__(Rollouts)  # only the reporting half: no trainer is built
-    rollouts.trainer = SimpleNamespace(accelerator=SimpleNamespace(is_main_process=True))
+    rollouts.trainer = SimpleNamespace(
+        accelerator=SimpleNamespace(is_main_process=True), state=SimpleNamespace(global_step=6)
+    )
     rollouts._on_event = lambda name, **fields: events.append((name, fields))
     rollouts._kernel_failed("decode attention kernel failed (RuntimeError: x)")
     out = capsys.readouterr().out
@@ -268,8 +270,9 @@ def test_rollouts_say_the_kernel_fallback_in_one_line_and_an_event(capsys) -> No
             "generation_fallback",
             {
                 "requested": "graph (decode kernel)",
-                "used": "graph",
+                "used": "graph (sdpa attention)",
                 "reason": "decode attention kernel failed (RuntimeError: x)",
+                "step": 7,  # the rollout of the step being trained
             },
         )
     ]

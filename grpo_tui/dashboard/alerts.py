@@ -54,7 +54,7 @@ CREEP_FRAC = 0.05
 # in the AlertLog already, or are asked for with window=None).
 ALERT_SCAN_STEPS = 500
 
-NO_SIGNAL, KL_SPIKE, CLIPPED, ENTROPY_COLLAPSE, STALL, MEMORY_CREEP, RUN_FAILED = (
+NO_SIGNAL, KL_SPIKE, CLIPPED, ENTROPY_COLLAPSE, STALL, MEMORY_CREEP, RUN_FAILED, GENERATION_FALLBACK = (
     "no_signal",
     "kl_spike",
     "clipped_completions",
@@ -62,8 +62,9 @@ NO_SIGNAL, KL_SPIKE, CLIPPED, ENTROPY_COLLAPSE, STALL, MEMORY_CREEP, RUN_FAILED 
     "stall",
     "memory_creep",
     "run_failed",
+    "generation_fallback",
 )
-ALERT_KINDS = (NO_SIGNAL, KL_SPIKE, CLIPPED, ENTROPY_COLLAPSE, STALL, MEMORY_CREEP, RUN_FAILED)
+ALERT_KINDS = (NO_SIGNAL, KL_SPIKE, CLIPPED, ENTROPY_COLLAPSE, STALL, MEMORY_CREEP, RUN_FAILED, GENERATION_FALLBACK)
 
 
 @dataclass(frozen=True)
@@ -277,6 +278,21 @@ def _failed(state: RunState) -> list[Alert]:
     return out
 
 
+def _fallbacks(state: RunState) -> list[Alert]:
+    # The rollout path asked for is not the one running (graph -> generate, or the graph without one of its
+    # speed-ups): the run goes on, slower than the preset promised
+    return [
+        Alert(
+            GENERATION_FALLBACK,
+            "warning",
+            event.step or 0,
+            f"generation: {event.data.get('requested')} could not run, using {event.data.get('used')}: "
+            f"{event.data.get('reason')}",
+        )
+        for event in state.events_of("generation_fallback")
+    ]
+
+
 def detect_alerts(
     state: RunState,
     snapshot: MonitorSnapshot | None = None,
@@ -297,7 +313,7 @@ def detect_alerts(
     A partial state (`load_recent`) gets only the stall and failure checks: the series checks wait
     for the full history, so an episode's onset (its identity in AlertLog) never changes under it.
     """
-    alerts = _stall(state, snapshot, now, heartbeats) + _failed(state)
+    alerts = _stall(state, snapshot, now, heartbeats) + _failed(state) + _fallbacks(state)
     if not state.partial:
         alerts += _series_alerts(state, window)
     return sorted(alerts, key=lambda a: (a.step, ALERT_KINDS.index(a.kind)))

@@ -88,12 +88,19 @@ class Rollouts:
     def _compile_failed(self, reason: str) -> None:
         self._say(f"graph decoding without torch.compile: {reason}")
         if self._on_event is not None:
-            self._on_event("generation_fallback", requested="graph (compiled)", used="graph", reason=reason)
+            self._on_event(
+                "generation_fallback", requested="graph (compiled)", used="graph", reason=reason, step=self._step()
+            )
 
     def _kernel_failed(self, reason: str) -> None:
         self._say(f"graph decoding with sdpa attention: {reason}")
         if self._on_event is not None:
-            self._on_event("generation_fallback", requested="graph (decode kernel)", used="graph", reason=reason)
+            fields = dict(requested="graph (decode kernel)", used="graph (sdpa attention)", reason=reason)
+            self._on_event("generation_fallback", **fields, step=self._step())
+
+    def _step(self) -> int:
+        """The optimizer step whose rollout is running (the trainer counts finished ones)."""
+        return self.trainer.state.global_step + 1
 
     def end_rollout(self) -> None:
         """Free the decoder's bucket before scoring and the loss (the next rollout captures again)."""
