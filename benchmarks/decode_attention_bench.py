@@ -82,7 +82,7 @@ def parse_grid(text: str) -> dict[str, tuple[int, ...]]:
     for part in filter(None, text.split(";")):
         name, _, values = part.partition("=")
         items = values.split(",")
-        if name not in GRID or not values or not all(v.isdigit() for v in items):
+        if name not in GRID or not values or not all(v.isdecimal() for v in items):
             raise ValueError(f"--grid: got {part!r}; allowed: NAME=INT[,INT...] with NAME in {', '.join(GRID)}")
         grid[name] = tuple(int(v) for v in items)
     return grid
@@ -121,7 +121,7 @@ def parse_shapes(text: str) -> list[tuple[int, int, int]]:
     shapes = []
     for item in text.split(","):
         parts = item.lower().split("x")
-        if len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts) or int(parts[2]) >= int(parts[1]):
+        if len(parts) != 3 or not all(p.isdecimal() and int(p) > 0 for p in parts) or int(parts[2]) >= int(parts[1]):
             raise ValueError(
                 f"--shapes: got {item!r}; allowed: ROWSxLENGTHxFILLED with FILLED < LENGTH, e.g. 128x512x300"
             )

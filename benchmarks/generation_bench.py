@@ -264,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     began = time.perf_counter()
     device = torch.device(args.device)
     batch_text = args.batches or ("4,8" if args.tiny else "16,128,512")
-    if not all(b.strip().isdigit() and int(b) > 0 for b in batch_text.split(",")):
+    if not all(b.strip().isdecimal() and int(b) > 0 for b in batch_text.split(",")):
         parser.error(f"--batches: got {batch_text!r}; allowed: comma-separated positive integers, e.g. 16,128,512")
     batches = [int(b) for b in batch_text.split(",")]
     new_tokens = args.new_tokens or (8 if args.tiny else 256)

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from test_generation import EOS, PROMPTS, decode, reference  # tests/ is on sys.path (pytest prepend import mode)
 
 from grpo_kernels import triton_ops
@@ -154,6 +158,11 @@ def test_the_graph_decoder_uses_the_kernel_by_default_where_triton_is_installed(
 
 
 def _decode_bench():
+    return _decode_bench_module()
+
+
+@functools.cache
+def _decode_bench_module():
     import importlib.util
     from pathlib import Path
 
@@ -276,3 +285,18 @@ def test_rollouts_say_the_kernel_fallback_in_one_line_and_an_event(capsys) -> No
             },
         )
     ]
+
+
+@settings(max_examples=200, deadline=None)
+@given(text=st.text(max_size=40) | st.sampled_from(["2\u00b2x512x3", "block=\u00b9", "128x512x30\u0660"]))
+def test_decode_attention_bench_options_any_text_parses_or_is_one_line(text: str) -> None:
+    # --shapes and --grid take any string: a parse, or one line naming what is allowed, never a traceback
+    bench = _decode_bench_module()
+    for parse, flag in ((bench.parse_shapes, "--shapes"), (bench.parse_grid, "--grid")):
+        try:
+            parse(text)
+        except ValueError as error:
+            message = str(error)
+            assert (
+                message.startswith(f"{flag}: got ") and "allowed:" in message and "\n" not in message.replace(text, "")
+            )
