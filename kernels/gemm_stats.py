@@ -36,8 +36,9 @@ GROUP_M = 8
 
 
 if HAS_TRITON:
-
-    @triton.jit
+    # Compiled once per model: a chunk's row count and its ids' offset change with each batch's valid-token
+    # count, and Triton would specialise on both (a compile inside a training step; see triton_ops._jit)
+    @triton_ops._jit(loose=("ids_ptr",), loose_ints=("n_rows",))
     def _gemm_stats_kernel(
         h_ptr,
         w_ptr,

@@ -241,9 +241,11 @@ def test_kernels_compile_once_whatever_the_valid_token_count() -> None:
         # A vocabulary no other test uses, so the first call here compiles in this process.
         inp = _inputs(4, 640, 72, 3001, torch.bfloat16, seed=valid)
         inp["mask"] = (torch.arange(4 * 640, device="cuda") < valid).long().view(4, 640)
-        _run(fused_linear_grpo_loss, inp, torch.bfloat16, beta=0.04, chunk_tokens=256)
-        with torch.no_grad():
-            selective_logprobs(inp["hidden"].bfloat16(), inp["weight"].bfloat16(), inp["ids"], mask=inp["mask"])
+        h, w = inp["hidden"].bfloat16(), inp["weight"].bfloat16()
+        for fused in (False, True):  # the default path, and the statistics in the GEMM's epilogue
+            _run(fused_linear_grpo_loss, inp, torch.bfloat16, beta=0.04, chunk_tokens=256, fused_stats=fused)
+            with torch.no_grad():
+                selective_logprobs(h, w, inp["ids"], mask=inp["mask"], fused_stats=fused)
 
     triton.knobs.runtime.jit_post_compile_hook = count
     try:
