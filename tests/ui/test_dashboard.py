@@ -211,6 +211,20 @@ async def test_tabs_and_completion_steps(app_factory, recorded_run) -> None:
         assert browser.step == 300 and browser.follow
 
 
+async def test_completions_read_after_the_app_closed_do_not_fail_it(app_factory, recorded_run) -> None:
+    # Completions are read in a thread; a read finishing after the app or screen closed has nowhere to go
+    from grpo_tui.dashboard.screens.dashboard import DashboardScreen
+
+    app = app_factory()
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await open_dashboard(app, pilot, recorded_run)
+        await pilot.press("2")
+        browser = screen.query_one(CompletionsBrowser)
+        await wait_for(pilot, lambda: browser.steps and browser.step == 300)
+    DashboardScreen._load_groups.__wrapped__(screen, 300)  # the worker's body: the app refuses the call back
+    screen._show_groups(300, [])  # the UI-thread half: the dismantled screen has no browser
+
+
 async def test_alerts_show_in_place_and_in_the_list(app_factory, runs_dir) -> None:
     run = runs_dir / "flat"
     make_run(run, steps=30, completions=False)

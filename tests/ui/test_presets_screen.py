@@ -227,3 +227,18 @@ async def test_editor_runs_the_cross_field_checks_off_the_ui_thread_once_typing_
         assert plain(status).startswith("✗ 1 problem(s): grpo.num_generations")
         assert threads and threading.main_thread() not in threads  # never on the UI thread
         assert len(threads) < 6  # one run per pause in typing, not one per key
+
+
+async def test_checks_finishing_after_the_app_closed_do_not_fail_it(app_factory) -> None:
+    # The pre-launch checks run in a thread; on a loaded machine they can finish after the user quit or the
+    # screen went (seen in CI: NoMatches from the worker while the app shut down). Their result then has
+    # nowhere to go, which must not raise.
+    from rich.text import Text
+
+    app = app_factory()
+    async with app.run_test(size=SIZE) as pilot:
+        screen = app.screen
+        await wait_for(pilot, lambda: "checking" not in _text(app, "#preset-checks"))
+        preset = screen.selected_preset
+    PresetScreen._check.__wrapped__(screen, preset)  # the worker's body: the app refuses the call back
+    screen._show_checks(Text("late"))  # the UI-thread half: the dismantled screen has no #preset-checks

@@ -15,6 +15,7 @@ from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Grid, Horizontal, Vertical
+from textual.css.query import NoMatches
 from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import Footer, Header, Static, TabbedContent, TabPane
@@ -307,7 +308,17 @@ class DashboardScreen(Screen[None]):
         if self.feed is None:
             return
         groups = self.feed.completion_groups(step)
-        self.app.call_from_thread(self.query_one(CompletionsBrowser).show_groups, step, groups)
+        try:
+            self.app.call_from_thread(self._show_groups, step, groups)
+        except RuntimeError:  # the app stopped while the file was read
+            pass
+
+    def _show_groups(self, step: int, groups: Any) -> None:
+        # On the UI thread; the screen may have been closed while its completions were read
+        try:
+            self.query_one(CompletionsBrowser).show_groups(step, groups)
+        except NoMatches:
+            pass
 
     @on(TabbedContent.TabActivated, "#dash-tabs")
     def _tab_changed(self, event: TabbedContent.TabActivated) -> None:
