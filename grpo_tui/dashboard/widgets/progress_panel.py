@@ -26,7 +26,16 @@ class ProgressPanel(Static):
     ProgressPanel { height: auto; }
     """
 
+    _info: ProgressInfo | None = None
+
+    def on_resize(self) -> None:
+        # The bar fills the width it was drawn for: drawn again for the new one (a finished run gets no more
+        # updates, and the first draw may come before the layout has settled)
+        if self._info is not None:
+            self.show(self._info)
+
     def show(self, info: ProgressInfo) -> None:
+        self._info = info
         total = info.max_steps or 0
         frac = info.step / total if total else 0.0
         head = Text.assemble(
