@@ -29,6 +29,7 @@ from grpo_tui.dashboard.messages import (
     StopRequested,
 )
 from grpo_tui.dashboard.runs_location import RunsLocation
+from grpo_tui.dashboard.workers import call_from_worker
 
 # Starts a preset: returns the run folder and the supervisor's pid (tests inject a fake).
 Launcher = Callable[[Preset, Path | None], tuple[Path, int | None]]
@@ -105,7 +106,7 @@ class GrpoTuiApp(App[int]):
 
         running = [r for r in scan_live_runs(self.runs.path) if r.status == "running"]
         if running:
-            self.call_from_thread(self._attach, running[0].path, len(running))
+            call_from_worker(self, self._attach, running[0].path, len(running))
 
     def _attach(self, path: Path, count: int) -> None:
         more = f" ({count - 1} more in the runs list: r)" if count > 1 else ""
@@ -166,7 +167,7 @@ class GrpoTuiApp(App[int]):
         from grpo_tui.launch import supervisor
 
         message = supervisor.stop_run(path, force=force)
-        self.call_from_thread(self.notify, message, title="Kill" if force else "Stop")
+        call_from_worker(self, self.notify, message, title="Kill" if force else "Stop")
 
     # ---- navigation ---------------------------------------------------------------------------
     def on_show_runs_requested(self, _message: ShowRunsRequested) -> None:
@@ -207,7 +208,7 @@ class GrpoTuiApp(App[int]):
 
         live = sorted(p for p in self.live_runs if run_info(p).status in LIVE_STATES)
         self.live_runs = set(live)
-        self.call_from_thread(self._ask_or_exit, live)
+        call_from_worker(self, self._ask_or_exit, live)
 
     def _ask_or_exit(self, live: list[Path]) -> None:
         from grpo_tui.dashboard.screens.confirm import QuitScreen

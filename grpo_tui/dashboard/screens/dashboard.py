@@ -15,7 +15,6 @@ from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Grid, Horizontal, Vertical
-from textual.css.query import NoMatches
 from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import Footer, Header, Static, TabbedContent, TabPane
@@ -32,6 +31,7 @@ from grpo_tui.dashboard.widgets.metric_chart import MetricChart
 from grpo_tui.dashboard.widgets.phase_peaks import PhasePeaks
 from grpo_tui.dashboard.widgets.progress_panel import ProgressPanel
 from grpo_tui.dashboard.widgets.reward_chart import RewardChart
+from grpo_tui.dashboard.workers import call_from_worker, while_mounted
 from grpo_tui.runs.status import LIVE_STATES, status_style
 
 # Seconds between polls of a run that has ended (its files no longer change; the monitor still samples).
@@ -238,7 +238,7 @@ class DashboardScreen(Screen[None]):
         try:
             RunDir(self.run_path).request(loss_impl=loss_impl)
         except OSError as exc:  # e.g. a full disk: say so, keep the dashboard
-            self.app.call_from_thread(self.notify, f"Cannot write control.json: {exc}", severity="error")
+            call_from_worker(self, self.notify, f"Cannot write control.json: {exc}", severity="error")
             return
         self.post_message(LossImplRequested(self.run_path, loss_impl))
 
@@ -280,13 +280,13 @@ class DashboardScreen(Screen[None]):
             run = prepare_resume(self.run_path)
             supervisor.spawn_detached(run.path)
         except PresetError as exc:
-            self.app.call_from_thread(self.notify, exc.lines[0], title="Not resumed", severity="warning")
+            call_from_worker(self, self.notify, exc.lines[0], title="Not resumed", severity="warning")
             return
         except OSError as exc:  # e.g. a full disk opening stdout.log: say so, keep the app
-            self.app.call_from_thread(self.notify, f"cannot start: {exc}", title="Not resumed", severity="error")
+            call_from_worker(self, self.notify, f"cannot start: {exc}", title="Not resumed", severity="error")
             return
         message = f"{run.name} continues from its last checkpoint"
-        self.app.call_from_thread(self.notify, message, title="Resumed")
+        call_from_worker(self, self.notify, message, title="Resumed")
 
     @work(thread=True, group="control")
     def action_dump_stacks(self) -> None:
@@ -296,7 +296,7 @@ class DashboardScreen(Screen[None]):
         asked = dump_stacks(self.run_path)
         severity = "information" if asked.pids else "warning"
         hint = " — see the Log tab (4)" if asked.pids else ""
-        self.app.call_from_thread(self.notify, asked.message + hint, title="Stacks", severity=severity)
+        call_from_worker(self, self.notify, asked.message + hint, title="Stacks", severity=severity)
 
     @on(CompletionsBrowser.StepChosen)
     def _step_chosen(self, event: CompletionsBrowser.StepChosen) -> None:
@@ -308,17 +308,11 @@ class DashboardScreen(Screen[None]):
         if self.feed is None:
             return
         groups = self.feed.completion_groups(step)
-        try:
-            self.app.call_from_thread(self._show_groups, step, groups)
-        except RuntimeError:  # the app stopped while the file was read
-            pass
+        call_from_worker(self, self._show_groups, step, groups)
 
+    @while_mounted
     def _show_groups(self, step: int, groups: Any) -> None:
-        # On the UI thread; the screen may have been closed while its completions were read
-        try:
-            self.query_one(CompletionsBrowser).show_groups(step, groups)
-        except NoMatches:
-            pass
+        self.query_one(CompletionsBrowser).show_groups(step, groups)
 
     @on(TabbedContent.TabActivated, "#dash-tabs")
     def _tab_changed(self, event: TabbedContent.TabActivated) -> None:

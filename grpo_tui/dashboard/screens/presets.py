@@ -11,7 +11,6 @@ from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
-from textual.css.query import NoMatches
 from textual.screen import Screen
 from textual.widgets import Footer, Header, OptionList, Static
 from textual.widgets.option_list import Option
@@ -22,6 +21,7 @@ from grpo_tui.dashboard.messages import CompareRequested, OpenRunRequested, RunR
 from grpo_tui.dashboard.paths import shown_path
 from grpo_tui.dashboard.runs_location import runs_location, runs_title
 from grpo_tui.dashboard.widgets.runs_table import RunsTable
+from grpo_tui.dashboard.workers import call_from_worker, while_mounted
 
 
 def preset_fields_table(preset: Preset) -> Table:
@@ -183,17 +183,11 @@ class PresetScreen(Screen[None]):
         result = checks.check_preset(preset)
         lines = [Text("✗ " + e, "red") for e in result.errors] + [Text("• " + n, "dim") for n in result.notes]
         text = Text("\n").join(lines) if lines else Text("✓ all pre-launch checks pass", "green")
-        try:
-            self.app.call_from_thread(self._show_checks, text)
-        except RuntimeError:  # the app stopped while the checks ran (e.g. q pressed at once)
-            pass
+        call_from_worker(self, self._show_checks, text)
 
+    @while_mounted
     def _show_checks(self, text: Text) -> None:
-        # On the UI thread; the screen may have been closed while the checks ran in their thread
-        try:
-            self.query_one("#preset-checks", Static).update(text)
-        except NoMatches:
-            pass
+        self.query_one("#preset-checks", Static).update(text)
 
     def on_data_table_row_selected(self) -> None:
         # Enter is the screen's (priority) binding, so this comes from a mouse click on a run's row.
