@@ -88,6 +88,12 @@ def exception_line(exc: BaseException) -> str:
     return f"raised without a message in {Path(last.filename).name}:{last.lineno} ({last.name})"
 
 
+def labelled_failure(what: str, exc: BaseException) -> str:
+    """`what (ExcType: the first line of its message)`: for a fallback that lets the run go on. Unlike
+    `exception_line`, only the first line: compilers (torch.compile, Triton) follow it with pages of output."""
+    return f"{what} ({type(exc).__name__}: {one_line((str(exc).strip() or '?').splitlines()[0], limit=200)})"
+
+
 def _killed_by(name: str) -> str:
     hint = " (the system may have run out of host memory)" if name == "SIGKILL" else ""
     return f"the trainer was killed by {name}{hint}"

@@ -31,8 +31,14 @@ from typing import Any
 
 import torch
 
-from grpo_tui.runs.failures import one_line
-from grpo_tui.train.decode_attention import DEFAULT_DECODE_ATTENTION, TRITON_DECODE, attention_context, folded_heads
+from grpo_tui.runs.failures import labelled_failure
+from grpo_tui.train.decode_attention import (
+    DEFAULT_DECODE_ATTENTION,
+    TRITON_DECODE,
+    attention_context,
+    folded_heads,
+    sdpa_backend_list,
+)
 
 # Rollouts pad their rows and cache length up to these multiples, so nearby shapes share one captured graph.
 ROW_MULTIPLE = 8
@@ -205,11 +211,6 @@ def decode_step(model: Any, state: DecodeState, dtype: torch.dtype) -> torch.Ten
     return logits
 
 
-def failure(what: str, exc: BaseException) -> str:
-    """One line for the log: `what (ExcType: first line of its message)`."""
-    return f"{what} ({type(exc).__name__}: {one_line((str(exc).strip() or '?').splitlines()[0], limit=200)})"
-
-
 def _round_up(value: int, multiple: int) -> int:
     return -(-value // multiple) * multiple
 
@@ -237,7 +238,7 @@ class StaticDecoder:
         # H200) and/or torch's SDPBackend names (empty: torch's choice); None: DEFAULT_DECODE_ATTENTION.
         # Checked here: a one-line ValueError before any rollout.
         self._sdpa = DEFAULT_DECODE_ATTENTION if sdpa_backends is None else tuple(sdpa_backends)
-        attention_context(self._sdpa)
+        sdpa_backend_list(self._sdpa)
         # torch.compile's fused kernels for the token step (the graph captures them as they are): ~1.5x the
         # tokens/s of the plain graph on the H200, for ~35 s of compiling per bucket shape and process.
         self.compiled = compiled
@@ -266,7 +267,7 @@ class StaticDecoder:
         sdpa, which later rollouts keep, after a one-line reason to `on_kernel_failure`; out of memory is raised."""
         while True:
             try:
-                with folded_heads(model), self._sdpa_context():  # captured with them, so replays keep them
+                with folded_heads(model), attention_context(self._sdpa):  # captured with them, so replays keep them
                     return self._generate(model, prompt_ids, max_new_tokens, eos_ids, pad_id, sampling)
             except Exception as exc:
                 if TRITON_DECODE not in self._sdpa or isinstance(exc, torch.OutOfMemoryError):
@@ -274,7 +275,7 @@ class StaticDecoder:
                 self._sdpa = tuple(name for name in self._sdpa if name != TRITON_DECODE)
                 self.release()
                 if self._on_kernel_failure is not None:
-                    self._on_kernel_failure(failure("decode attention kernel failed", exc))
+                    self._on_kernel_failure(labelled_failure("decode attention kernel failed", exc))
 
     def _generate(self, model, prompt_ids, max_new_tokens, eos_ids, pad_id, sampling) -> list[list[int]]:
         device = next(model.parameters()).device
@@ -304,9 +305,6 @@ class StaticDecoder:
                 break
             self._step(model)
         return cut_at_eos(state.out[:count, :steps].cpu(), eos_ids)
-
-    def _sdpa_context(self) -> Any:
-        return attention_context(self._sdpa)
 
     def _step(self, model: Any) -> None:
         if self._graph is None:
@@ -374,7 +372,7 @@ class StaticDecoder:
                 raise
             self.compiled, self._take = False, decode_and_take
             if self._on_compile_failure is not None:
-                self._on_compile_failure(failure("torch.compile failed", exc))
+                self._on_compile_failure(labelled_failure("torch.compile failed", exc))
             return build()
 
     def _captured(self, model: Any) -> Any:

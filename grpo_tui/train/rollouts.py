@@ -52,16 +52,15 @@ class Rollouts:
     def __init__(self, trainer: Any, requested: str, on_event: Callable[..., None] | None = None) -> None:
         self.trainer = trainer
         self.backend, reason = choose_backend(requested, trainer.accelerator.device.type, graph_blockers(trainer))
+        self._on_event = on_event
         if reason is not None:
-            self._say(f"grpo.generation_backend {requested} cannot run ({reason}); using generate")
-            if on_event is not None:
-                on_event("generation_fallback", requested=requested, used=self.backend, reason=reason)
+            line = f"grpo.generation_backend {requested} cannot run ({reason}); using generate"
+            self._fell_back(line, requested=requested, used=self.backend, reason=reason)
         if self.backend == "static":
             # TRL builds its GenerationConfig with disable_compile=True, which would leave the static cache uncompiled.
             trainer.generation_config.cache_implementation = "static"
             trainer.generation_config.disable_compile = False
             trainer.generation_kwargs["cache_implementation"] = "static"
-        self._on_event = on_event
         self.decoder = None
         if self.backend == "graph":
             self.decoder = StaticDecoder(
@@ -85,18 +84,29 @@ class Rollouts:
             "(once per shape; ~35 s on an H200 the first time, cached on disk for later runs)"
         )
 
-    def _compile_failed(self, reason: str) -> None:
-        self._say(f"graph decoding without torch.compile: {reason}")
+    def _fell_back(self, line: str, **fields: Any) -> None:
+        """A rollout path that could not run as asked: one line in the log and a `generation_fallback` event."""
+        self._say(line)
         if self._on_event is not None:
-            self._on_event(
-                "generation_fallback", requested="graph (compiled)", used="graph", reason=reason, step=self._step()
-            )
+            self._on_event("generation_fallback", **fields)
+
+    def _compile_failed(self, reason: str) -> None:
+        self._fell_back(
+            f"graph decoding without torch.compile: {reason}",
+            requested="graph (compiled)",
+            used="graph",
+            reason=reason,
+            step=self._step(),
+        )
 
     def _kernel_failed(self, reason: str) -> None:
-        self._say(f"graph decoding with sdpa attention: {reason}")
-        if self._on_event is not None:
-            fields = dict(requested="graph (decode kernel)", used="graph (sdpa attention)", reason=reason)
-            self._on_event("generation_fallback", **fields, step=self._step())
+        self._fell_back(
+            f"graph decoding with sdpa attention: {reason}",
+            requested="graph (decode kernel)",
+            used="graph (sdpa attention)",
+            reason=reason,
+            step=self._step(),
+        )
 
     def _step(self) -> int:
         """The optimizer step whose rollout is running (the trainer counts finished ones)."""
