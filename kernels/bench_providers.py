@@ -102,6 +102,11 @@ def _floor_fn(inp: dict, scoring: bool = False) -> Callable[[], None]:
     return run
 
 
+def _chunked_options(provider: str) -> dict[str, bool]:
+    # What each of our providers passes: chunked-lean and chunked-fused are chunked with one option on
+    return {"lean": provider == "chunked-lean", "fused_stats": provider == "chunked-fused"}
+
+
 def loss_fn(provider: str, inp: dict, beta: float, chunk_tokens: int | None = None) -> Callable[[], object]:
     """A closure computing the scalar loss of `provider` on `inp` (call .backward() on it); floor: the GEMMs."""
     if provider == "floor":
@@ -111,8 +116,7 @@ def loss_fn(provider: str, inp: dict, beta: float, chunk_tokens: int | None = No
     if provider == "liger":
         return _liger_fn(inp, beta)
     fn = reference_grpo_loss if provider == "naive" else fused_linear_grpo_loss
-    kw = {"chunk_tokens": chunk_tokens, "lean": provider == "chunked-lean", "fused_stats": provider == "chunked-fused"}
-    kw = {} if provider == "naive" else kw
+    kw = {} if provider == "naive" else {"chunk_tokens": chunk_tokens, **_chunked_options(provider)}
     args = (inp["hidden"], inp["weight"], inp["ids"], inp["mask"], inp["adv"])
     return lambda: fn(*args, ref_logps=inp["ref"], beta=beta, loss_type="dapo", **kw)[0]
 
@@ -129,7 +133,7 @@ def score_fn(provider: str, inp: dict, chunk_tokens: int | None = None) -> Calla
             return _trl_head({**inp, "hidden": h, "weight": w})
         if provider == "naive":
             return reference_logprobs(h, w, ids)
-        fused = provider == "chunked-fused"
+        fused = _chunked_options(provider)["fused_stats"]
         return selective_logprobs(
             h, w, ids, mask=mask, return_entropy=True, chunk_tokens=chunk_tokens, fused_stats=fused
         )

@@ -26,7 +26,7 @@ import math
 
 import torch
 
-from .triton_ops import HAS_TRITON, use_triton
+from .triton_ops import HAS_TRITON, next_pow2, use_triton
 
 if HAS_TRITON:
     import triton
@@ -50,10 +50,6 @@ HOIST_BOUNDS = False
 LOG2E = 1.4426950408889634
 
 
-def _next_pow2(n: int) -> int:
-    return 1 << max(0, (n - 1).bit_length())
-
-
 def _ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
@@ -62,7 +58,7 @@ def split_geometry(programs: int, length: int) -> tuple[int, int]:
     """(keys per split, splits) for `programs` (row, kv head) pairs over `length` cache slots: up to a power
     of two of splits, enough for TARGET_PROGRAMS, none shorter than MIN_SPLIT_KEYS, each whole blocks (the
     last split may be shorter; rounding to blocks may leave fewer splits than asked)."""
-    wanted = _next_pow2(_ceil_div(TARGET_PROGRAMS, programs))
+    wanted = next_pow2(_ceil_div(TARGET_PROGRAMS, programs))
     splits = max(1, min(wanted, length // MIN_SPLIT_KEYS))
     split_keys = _ceil_div(_ceil_div(length, splits), BLOCK_KEYS) * BLOCK_KEYS
     return split_keys, _ceil_div(length, split_keys)
@@ -237,7 +233,7 @@ def _check(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: to
 def _decode_attention_op(
     query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor, scale: float
 ) -> torch.Tensor:
-    if not (HAS_TRITON and use_triton(query.device)):
+    if not use_triton(query.device):  # (False without Triton)
         return decode_attention_torch(query, key, value, mask, scale)
     rows, heads, _, dim = query.shape
     kv_heads, length = key.shape[1], key.shape[2]
@@ -271,12 +267,12 @@ def _decode_attention_op(
         scale * LOG2E,
         KV_HEADS=kv_heads,
         GROUP=group,
-        GROUP_PAD=max(MIN_GROUP_PAD, _next_pow2(group)),
+        GROUP_PAD=max(MIN_GROUP_PAD, next_pow2(group)),
         DIM=dim,
         BLOCK=BLOCK_KEYS,
         PRECISION="ieee" if query.dtype == torch.float32 else "tf32",  # no TF32 rounding of fp32 inputs
         HOIST=HOIST_BOUNDS,
-        L_PAD=_next_pow2(length) if HOIST_BOUNDS else 1,  # (a constexpr: no recompile per length without it)
+        L_PAD=next_pow2(length) if HOIST_BOUNDS else 1,  # (a constexpr: no recompile per length without it)
         num_warps=NUM_WARPS,
         num_stages=NUM_STAGES,
     )
@@ -290,7 +286,7 @@ def _decode_attention_op(
         splits,
         HEADS=heads,
         DIM=dim,
-        SPLITS_PAD=_next_pow2(splits),
+        SPLITS_PAD=next_pow2(splits),
         num_warps=1 if dim <= 64 else 2,
     )
     return out

@@ -44,9 +44,9 @@ def default_chunk_tokens(
     the row statistics (12 bytes per row and 128-column segment: 14 KiB a row at V = 152k) under that budget."""
     budget = SCORING_BUFFER_BYTES if scoring else CHUNK_BUFFER_BYTES // (2 if lean else 1)
     if scoring and fused_stats:
-        from .gemm_stats import BLOCK_N
+        from .gemm_stats import segments
 
-        row_bytes = 3 * 4 * -(-vocab // BLOCK_N)
+        row_bytes = 3 * 4 * segments(vocab)
     else:
         row_bytes = vocab * torch.finfo(dtype).bits // 8
     rows = budget // row_bytes // CHUNK_STEP * CHUNK_STEP
@@ -179,7 +179,7 @@ def _fused_linear_grpo_loss(
     importance_sampling_level,
     chunk_tokens,
     lean,
-    fused_stats=False,
+    fused_stats,
 ):
     """`fused_linear_grpo_loss` with autocast resolved."""
     check_head(hidden, weight, completion_ids, bias)

@@ -147,9 +147,14 @@ def gemm_stats_torch(
     return parts, target_logit
 
 
+def segments(vocab: int, block_n: int | None = None) -> int:
+    """Statistics segments per row (one per `block_n`-column tile, default BLOCK_N); each holds 3 fp32 partials."""
+    return -(-vocab // (block_n or BLOCK_N))
+
+
 def _empty_stats(n: int, vocab: int, block_n: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     dtype = torch.float64 if like.dtype == torch.float64 else torch.float32
-    parts = torch.empty((3, n, -(-vocab // block_n)), device=like.device, dtype=dtype)
+    parts = torch.empty((3, n, segments(vocab, block_n)), device=like.device, dtype=dtype)
     return parts, torch.empty((n,), device=like.device, dtype=dtype)
 
 
@@ -205,9 +210,9 @@ def gemm_stats(
         GROUP_M=GROUP_M,
     )
     if INTERPRET:
-        grid = (-(-n // 16) * -(-vocab // block_n),)
+        grid = (-(-n // 16) * parts.shape[2],)
         _gemm_stats_kernel[grid](*args, **flags, BLOCK_M=16, BLOCK_K=16)
     else:
-        grid = lambda meta: (triton.cdiv(n, meta["BLOCK_M"]) * triton.cdiv(vocab, block_n),)  # noqa: E731
+        grid = lambda meta: (triton.cdiv(n, meta["BLOCK_M"]) * parts.shape[2],)  # noqa: E731
         _gemm_stats_tuned[grid](*args, **flags)
     return parts, target_logit

@@ -162,8 +162,13 @@ def _logits_to_grad_torch(logits, stride, targets, lse, grad, n_cols, inv_t, BLO
     logits.copy_(out * (grad * inv_t).unsqueeze(1))
 
 
+def next_pow2(n: int) -> int:
+    """The smallest power of two >= n (1 for n <= 1): Triton's block shapes are powers of two."""
+    return 1 << max(0, (n - 1).bit_length())
+
+
 def _pow2_at_most(n: int, cap: int) -> int:
-    return min(cap, 1 << max(0, (n - 1).bit_length()))
+    return min(cap, next_pow2(n))
 
 
 @_jit(loose="*_ptr", loose_ints=("n_rows",))  # one value per row, read in small tiles: alignment buys nothing
