@@ -212,19 +212,14 @@ def profile_rollout(
 ) -> Path:
     """One more rollout of `prompts` under torch.profiler (after the timed one: nothing left to compile);
     its operator tables go to OUT/profile-<backend>-<rows>.txt."""
-    from torch.profiler import ProfilerActivity, profile
+    from grpo_tui.train.profiling import profiled
 
-    from grpo_tui.train.profiling import write_profile_tables
-
-    cuda = device.type == "cuda"
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    with profile(activities=activities) as prof, torch.no_grad():
-        backend.run(prompts, new_tokens, stop_ids, ignore_eos=True)
-        sync(device)
     path = out / f"profile-{backend.name.replace('@', '_at_')}-{len(prompts)}.txt"
     out.mkdir(parents=True, exist_ok=True)
     title = f"one rollout, {backend.name}, {len(prompts)} x {new_tokens} tokens"
-    write_profile_tables(prof, path, cuda, title)
+    with profiled(path, device.type == "cuda", title), torch.no_grad():
+        backend.run(prompts, new_tokens, stop_ids, ignore_eos=True)
+        sync(device)
     return path
 
 

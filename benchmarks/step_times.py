@@ -34,12 +34,6 @@ def pick_steps(steps: list[dict[str, Any]], skip: set[int]) -> list[dict[str, An
     return later or candidates
 
 
-def pick_step(steps: list[dict[str, Any]], skip: set[int]) -> dict[str, Any] | None:
-    """The last of `pick_steps`."""
-    chosen = pick_steps(steps, skip)
-    return chosen[-1] if chosen else None
-
-
 def _mean(values: list[Any]) -> float | None:
     numbers = [v for v in values if isinstance(v, (int, float))]
     return round(sum(numbers) / len(numbers), 4) if numbers else None

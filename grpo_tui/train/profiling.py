@@ -6,8 +6,11 @@ torch.profiler and writes its operator tables to the run folder, with Python's g
 
 from __future__ import annotations
 
+import gc
 import os
 import time
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -18,18 +21,12 @@ PROFILE_ROWS = 25
 
 
 class StepProfiler:
-    """torch.profiler over one optimizer step; its operator tables go to a text file.
-
-    Two tables of the top `PROFILE_ROWS` operators: by total device time (CPU time without CUDA), which
-    shows the step's big blocks with their children, and by self device time, which names the kernels
-    that are the time. The profiled step is slower than the others (the profiler's overhead): compare
-    step times from unprofiled steps.
-    """
+    """torch.profiler over one optimizer step (`profiled`); its operator tables go to a text file. The profiled
+    step is slower than the others (the profiler's overhead): compare step times from unprofiled steps."""
 
     def __init__(self, step: int, path: Path, cuda: bool) -> None:
         self.step, self.path, self.cuda = step, path, cuda
-        self._profile: Any = None
-        self._gc = GcPauses()
+        self._active: AbstractContextManager[None] | None = None
 
     @classmethod
     def from_env(cls, run_path: Path, cuda: bool) -> StepProfiler | None:
@@ -44,24 +41,34 @@ class StepProfiler:
         return cls(int(raw), Path(run_path) / f"profile-step{raw}{suffix}.txt", cuda)
 
     def step_starting(self, step: int) -> None:
-        if step != self.step or self._profile is not None:
+        if step != self.step or self._active is not None:
             return
-        from torch.profiler import ProfilerActivity, profile
-
-        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.cuda else [])
-        self._profile = profile(activities=activities)
-        self._profile.__enter__()
-        self._gc.start()
+        device = "device" if self.cuda else "cpu"
+        self._active = profiled(self.path, self.cuda, f"optimizer step {step} of this process ({device} time)")
+        self._active.__enter__()
 
     def step_ended(self, step: int) -> None:
-        if step != self.step or self._profile is None:
+        if step != self.step or self._active is None:
             return
-        self._gc.stop()
-        self._profile.__exit__(None, None, None)
-        device = "device" if self.cuda else "cpu"
-        title = f"optimizer step {step} of this process ({device} time)"
-        write_profile_tables(self._profile, self.path, self.cuda, title, self._gc.summary())
-        self._profile = None
+        self._active.__exit__(None, None, None)
+        self._active = None
+
+
+@contextmanager
+def profiled(path: Path, cuda: bool, title: str) -> Iterator[None]:
+    """torch.profiler (CPU, and CUDA when `cuda`) and Python's gc pauses over the block; on leaving it, the
+    operator tables go to `path` (`write_profile_tables`)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    pauses = GcPauses()
+    with profile(activities=activities) as prof:
+        pauses.start()
+        try:
+            yield
+        finally:
+            pauses.stop()
+    write_profile_tables(prof, path, cuda, title, pauses.summary())
 
 
 def write_profile_tables(profile: Any, path: Path, cuda: bool, title: str, preamble: str = "") -> None:
@@ -97,14 +104,10 @@ class GcPauses:
         self.counts[generation] += 1
 
     def start(self) -> None:
-        import gc
-
         if self._callback not in gc.callbacks:
             gc.callbacks.append(self._callback)
 
     def stop(self) -> None:
-        import gc
-
         if self._callback in gc.callbacks:
             gc.callbacks.remove(self._callback)
 
