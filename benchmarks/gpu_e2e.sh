@@ -147,26 +147,29 @@ for phase in "$@"; do
       # on), one after the other. STEP_SPECS: "label:impl:backend:batch[:k=v,...]".
       # STEP_WARMUP: specs run first (same step count) and not reported. The first process on a machine pays one-time
       # compiles that later ones find cached (torch.compile's kernels, and cuDNN's attention kernels, which
-      # the driver JIT-compiles: 2.3 s of a step measured on the H200); without a warm-up that cost lands on
-      # whichever spec runs first.
+      # the driver JIT-compiles: 2.4 s of host time in a step, measured on the H200); without a warm-up that
+      # cost lands on whichever spec runs first.
       build_model || exit 1
       count=${STEP_COUNT:-2}
+      # run_spec SPEC LOG: one fresh headless run of SPEC ("label:impl:backend:batch[:k=v,...]") into
+      # $runs, its output to $OUT/LOG-<label>-<batch>.log (LOG empty: dropped); sets label, batch and runs
+      run_spec() {
+        IFS=: read -r label impl backend batch extra <<< "$1"
+        local sets=(--set loss.impl=$impl --set grpo.generation_backend=$backend --set grpo.per_device_batch_size=$batch)
+        for item in ${extra//,/ }; do sets+=(--set "$item"); done
+        runs=/tmp/runs-steps-$label-$batch
+        rm -rf "$runs"
+        local log=/dev/null; [ -n "$2" ] && log="$OUT/$2-$label-$batch.log"
+        timeout ${STEP_TIMEOUT:-150} python3 -m grpo_tui.cli run qwen3-0.6b-gsm8k --headless "${E2E_SETS[@]}" "${sets[@]}" \
+          --set grpo.max_steps=$count --set logging.save_steps=0 --runs-dir "$runs" > "$log" 2>&1
+      }
       for spec in ${STEP_WARMUP:-}; do
-        IFS=: read -r label impl backend batch extra <<< "$spec"
-        timeout ${STEP_TIMEOUT:-150} python3 -m grpo_tui.cli run qwen3-0.6b-gsm8k --headless "${E2E_SETS[@]}" \
-          --set loss.impl=$impl --set grpo.generation_backend=$backend --set grpo.per_device_batch_size=$batch \
-          --set grpo.max_steps=$count --set logging.save_steps=0 --runs-dir /tmp/runs-warmup > /dev/null 2>&1
+        run_spec "$spec" ""
         echo "warm-up $label batch $batch: exit $?"
       done
       labels=()
       for spec in ${STEP_SPECS:-$DEFAULT_STEP_SPECS}; do
-        IFS=: read -r label impl backend batch extra <<< "$spec"
-        sets=(--set loss.impl=$impl --set grpo.generation_backend=$backend --set grpo.per_device_batch_size=$batch)
-        for item in ${extra//,/ }; do sets+=(--set "$item"); done
-        runs=/tmp/runs-steps-$label-$batch
-        rm -rf "$runs"
-        timeout ${STEP_TIMEOUT:-150} python3 -m grpo_tui.cli run qwen3-0.6b-gsm8k --headless "${E2E_SETS[@]}" "${sets[@]}" \
-          --set grpo.max_steps=$count --set logging.save_steps=0 --runs-dir "$runs" > "$OUT/steps-$label-$batch.log" 2>&1
+        run_spec "$spec" steps
         echo "$label batch $batch: exit $? $(tail -1 "$OUT/steps-$label-$batch.log")"
         mkdir -p "$OUT/steps"
         cp "$runs"/*/metrics.jsonl "$OUT/steps/$label-$batch.jsonl" 2>/dev/null
