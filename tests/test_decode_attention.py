@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import functools
-
 import pytest
 import torch
+from benchmark_scripts import load_benchmark
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_generation import EOS, PROMPTS, decode, reference  # tests/ is on sys.path (pytest prepend import mode)
@@ -158,19 +157,7 @@ def test_the_graph_decoder_uses_the_kernel_by_default_where_triton_is_installed(
 
 
 def _decode_bench():
-    return _decode_bench_module()
-
-
-@functools.cache
-def _decode_bench_module():
-    import importlib.util
-    from pathlib import Path
-
-    script = Path(__file__).resolve().parents[1] / "benchmarks" / "decode_attention_bench.py"
-    spec = importlib.util.spec_from_file_location("decode_attention_bench", script)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("decode_attention_bench")
 
 
 def test_decode_attention_bench_smoke_on_cpu(tmp_path, capsys) -> None:
@@ -291,7 +278,7 @@ def test_rollouts_say_the_kernel_fallback_in_one_line_and_an_event(capsys) -> No
 @given(text=st.text(max_size=40) | st.sampled_from(["2\u00b2x512x3", "block=\u00b9", "128x512x30\u0660"]))
 def test_decode_attention_bench_options_any_text_parses_or_is_one_line(text: str) -> None:
     # --shapes and --grid take any string: a parse, or one line naming what is allowed, never a traceback
-    bench = _decode_bench_module()
+    bench = _decode_bench()
     for parse, flag in ((bench.parse_shapes, "--shapes"), (bench.parse_grid, "--grid")):
         try:
             parse(text)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from benchmark_scripts import load_benchmark
 from transformers import AutoModelForCausalLM, GenerationConfig
 
 from grpo_tui.config.schema import GENERATION_BACKENDS, PresetError, validate_data
@@ -315,12 +316,7 @@ def test_checks_note_where_graph_will_fall_back() -> None:
 
 
 def test_benchmark_smoke_on_cpu(tiny_model_path: Path, tmp_path: Path) -> None:
-    import importlib.util
-
-    script = Path(__file__).resolve().parents[1] / "benchmarks" / "generation_bench.py"
-    spec = importlib.util.spec_from_file_location("generation_bench", script)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_benchmark("generation_bench")
     argv = [
         "--device",
         "cpu",
@@ -355,12 +351,7 @@ def test_benchmark_smoke_on_cpu(tiny_model_path: Path, tmp_path: Path) -> None:
 
 
 def test_benchmark_refuses_bad_batches(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    import importlib.util
-
-    script = Path(__file__).resolve().parents[1] / "benchmarks" / "generation_bench.py"
-    spec = importlib.util.spec_from_file_location("generation_bench", script)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_benchmark("generation_bench")
     with pytest.raises(SystemExit) as exit_info:
         bench.main(["--device", "cpu", "--tiny", "--batches", "8,x", "--out", str(tmp_path)])
     assert exit_info.value.code == 2
@@ -368,12 +359,7 @@ def test_benchmark_refuses_bad_batches(tmp_path: Path, capsys: pytest.CaptureFix
 
 
 def test_benchmark_sampling_match_is_in_units_of_the_combined_standard_error() -> None:
-    import importlib.util
-
-    script = Path(__file__).resolve().parents[1] / "benchmarks" / "generation_bench.py"
-    spec = importlib.util.spec_from_file_location("generation_bench", script)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_benchmark("generation_bench")
     assert bench.standard_error([1.0, 3.0]) == pytest.approx(1.0)  # sd sqrt(2) over sqrt(2)
     base = {"backend": "generate", "mean_logprob": -5.0, "mean_logprob_se": 0.03, "length_mean": 100.0}
     base["length_mean_se"] = 4.0

@@ -6,6 +6,7 @@ import io
 import json
 
 import pytest
+from benchmark_scripts import load_benchmark
 
 from grpo_tui.train import phase_memory, profiling
 
@@ -165,15 +166,9 @@ def test_phase_table_adds_the_time_column_only_when_times_were_logged() -> None:
 
 
 def test_step_times_script_reads_the_phase_times_of_a_run(tmp_path, capsys) -> None:
-    import importlib.util
-    from pathlib import Path
-
     from grpo_tui.tools.demo import make_run
 
-    script = Path(__file__).resolve().parents[1] / "benchmarks" / "step_times.py"
-    spec = importlib.util.spec_from_file_location("step_times", script)
-    step_times = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(step_times)
+    step_times = load_benchmark("step_times")
     run = make_run(tmp_path / "run", steps=3, n_gpus=1)
     out = tmp_path / "rows.json"
     assert step_times.main(["--skip-step", "3", "--out", str(out), f"chunked/64={run.path}", "trl/64=/nope"]) == 0
@@ -225,15 +220,10 @@ def test_progress_shows_the_backend_and_recent_generation_rate() -> None:
 
 
 def test_plot_steps_draws_one_bar_per_picked_row_and_refuses_a_missing_one(tmp_path) -> None:
-    import importlib.util
     import json
-    from pathlib import Path
 
     pytest.importorskip("matplotlib")
-    script = Path(__file__).resolve().parents[1] / "benchmarks" / "plot_steps.py"
-    spec = importlib.util.spec_from_file_location("plot_steps", script)
-    plot = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(plot)
+    plot = load_benchmark("plot_steps")
     phases = {"generation": 3.0, "scoring": 0.5, "loss": 2.0, "optimizer": 0.01}
     rows = [{"impl": "trl", "batch": "64", "step_s": 5.6, "phases_s": phases, "peak_gib": 10.6}]
     table = tmp_path / "t.json"
