@@ -91,26 +91,16 @@ class Rollouts:
             self._on_event("generation_fallback", **fields)
 
     def _compile_failed(self, reason: str) -> None:
-        self._fell_back(
-            f"graph decoding without torch.compile: {reason}",
-            requested="graph (compiled)",
-            used="graph",
-            reason=reason,
-            step=self._step(),
-        )
+        self._graph_fell_back("without torch.compile", "graph (compiled)", "graph", reason)
 
     def _kernel_failed(self, reason: str) -> None:
-        self._fell_back(
-            f"graph decoding with sdpa attention: {reason}",
-            requested="graph (decode kernel)",
-            used="graph (sdpa attention)",
-            reason=reason,
-            step=self._step(),
-        )
+        self._graph_fell_back("with sdpa attention", "graph (decode kernel)", "graph (sdpa attention)", reason)
 
-    def _step(self) -> int:
-        """The optimizer step whose rollout is running (the trainer counts finished ones)."""
-        return self.trainer.state.global_step + 1
+    def _graph_fell_back(self, how: str, requested: str, used: str, reason: str) -> None:
+        # The graph decoder lost a speed-up during a rollout: the event names the step whose rollout it was
+        # (the trainer counts finished steps)
+        step = self.trainer.state.global_step + 1
+        self._fell_back(f"graph decoding {how}: {reason}", requested=requested, used=used, reason=reason, step=step)
 
     def end_rollout(self) -> None:
         """Free the decoder's bucket before scoring and the loss (the next rollout captures again)."""
