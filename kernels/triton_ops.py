@@ -167,10 +167,6 @@ def next_pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
-def _pow2_at_most(n: int, cap: int) -> int:
-    return min(cap, next_pow2(n))
-
-
 @_jit(loose="*_ptr", loose_ints=("n_rows",))  # one value per row, read in small tiles: alignment buys nothing
 def _finish_rows_kernel(
     part_max_ptr,
@@ -324,7 +320,7 @@ def row_stats(logits: torch.Tensor, targets: torch.Tensor, inv_t: float) -> tupl
 
 def _stats_geometry(n_cols: int) -> tuple[int, int, int]:
     # (columns per loop step, columns per program, programs per row) of `row_stats` for a row of n_cols
-    block = _pow2_at_most(n_cols, STATS_BLOCK)
+    block = min(STATS_BLOCK, next_pow2(n_cols))
     seg = max(block, STATS_SEGMENT // block * block)
     return block, seg, -(-n_cols // seg)
 
@@ -371,7 +367,7 @@ def finish_rows(
         1 + gi.get("epsilon_high", 0.2),
     )
     flags = dict(HAS_GRAD=bool(grad_inputs), HAS_OLD=old is not None, HAS_REF=has_ref)
-    segs = _pow2_at_most(n_seg, 1 << 20)
+    segs = min(1 << 20, next_pow2(n_seg))
     rows = max(1, min(64, 4096 // segs))
     if use_triton(parts.device):
         _finish_rows_kernel[(-(-n // rows),)](*args, **flags, ROWS=rows, SEGS=segs, num_warps=4)
@@ -396,7 +392,7 @@ def logits_to_grad(
     if not use_triton(logits.device):
         _logits_to_grad_torch(logits, logits.stride(0), targets, lse, grad_logps, n_cols, inv_t, GRAD_BLOCK)
         return
-    block = _pow2_at_most(n_cols, GRAD_BLOCK)
+    block = min(GRAD_BLOCK, next_pow2(n_cols))
     grid = (n, -(-n_cols // block))
     _logits_to_grad_kernel[grid](
         logits, logits.stride(0), targets, lse, grad_logps, n_cols, inv_t, BLOCK=block, num_warps=8
