@@ -8,7 +8,7 @@ masks are right padding (TRL's completion mask). `--lengths` adds one case from 
 lengths (drawn from with replacement), or a run's metrics.jsonl, whose per-step `completions/mean_length`
 (or `completion_length`) gives the mean of the same Beta draw (the stream has no per-sequence lengths).
 Providers, timed as in `bench.measure`: floor (the GEMMs over the valid tokens only), trl (TRL 1.16's fused
-head as its trainer calls it: valid rows only, labels -100 at padding), chunked, chunked-lean, chunked-fused, naive
+head as its trainer calls it: valid rows only, labels -100 at padding), chunked, chunked-lean, naive
 (materialised logits over every position); loss + backward, and with `--scoring` no-grad scoring (floor:
 the logits GEMM; ours: `selective_logprobs(..., mask=)`; lean is loss-only). `--scoring-chunks 256,512,1536`
 also times our scoring at those chunk sizes (providers `chunked-c<rows>`) beside its default.
@@ -27,7 +27,7 @@ import torch
 
 from . import bench, bench_providers
 
-PADDED_PROVIDERS = ("floor", "trl", "chunked", "chunked-lean", "chunked-fused", "naive")
+PADDED_PROVIDERS = ("floor", "trl", "chunked", "chunked-lean", "naive")
 # Beta concentration a + b of the length draw: 4 spreads lengths over most of [1, T] at every mean
 LENGTH_CONCENTRATION = 4.0
 

@@ -2,8 +2,7 @@
 
 floor (the 3 GEMMs over the valid tokens), naive (materialised logits + autograd), trl (TRL 1.16's
 ChunkedLogProbFunction on the valid rows, as its trainer calls it, + the GRPO loss math), liger
-(LigerFusedLinearGRPOLoss), chunked (ours), chunked-lean and chunked-fused (ours with the row statistics in the
-logits GEMM's epilogue, `fused_stats=True`, opt-in until timed); `loss_fn` for loss + backward, `score_fn` for scoring.
+(LigerFusedLinearGRPOLoss), chunked (ours) and chunked-lean; `loss_fn` for loss + backward, `score_fn` for scoring.
 """
 
 from __future__ import annotations
@@ -16,7 +15,7 @@ from .functional import fused_linear_grpo_loss, selective_logprobs
 from .loss_math import per_token_loss, token_weights
 from .reference import reference_grpo_loss, reference_logprobs
 
-PROVIDERS = ("floor", "naive", "trl", "liger", "chunked", "chunked-lean", "chunked-fused")
+PROVIDERS = ("floor", "naive", "trl", "liger", "chunked", "chunked-lean")
 MIB = 2**20
 
 
@@ -102,11 +101,6 @@ def _floor_fn(inp: dict, scoring: bool = False) -> Callable[[], None]:
     return run
 
 
-def _chunked_options(provider: str) -> dict[str, bool]:
-    # What each of our providers passes: chunked-lean and chunked-fused are chunked with one option on
-    return {"lean": provider == "chunked-lean", "fused_stats": provider == "chunked-fused"}
-
-
 def loss_fn(provider: str, inp: dict, beta: float, chunk_tokens: int | None = None) -> Callable[[], object]:
     """A closure computing the scalar loss of `provider` on `inp` (call .backward() on it); floor: the GEMMs."""
     if provider == "floor":
@@ -116,7 +110,7 @@ def loss_fn(provider: str, inp: dict, beta: float, chunk_tokens: int | None = No
     if provider == "liger":
         return _liger_fn(inp, beta)
     fn = reference_grpo_loss if provider == "naive" else fused_linear_grpo_loss
-    kw = {} if provider == "naive" else {"chunk_tokens": chunk_tokens, **_chunked_options(provider)}
+    kw = {} if provider == "naive" else {"chunk_tokens": chunk_tokens, "lean": provider == "chunked-lean"}
     args = (inp["hidden"], inp["weight"], inp["ids"], inp["mask"], inp["adv"])
     return lambda: fn(*args, ref_logps=inp["ref"], beta=beta, loss_type="dapo", **kw)[0]
 
@@ -133,9 +127,6 @@ def score_fn(provider: str, inp: dict, chunk_tokens: int | None = None) -> Calla
             return _trl_head({**inp, "hidden": h, "weight": w})
         if provider == "naive":
             return reference_logprobs(h, w, ids)
-        fused = _chunked_options(provider)["fused_stats"]
-        return selective_logprobs(
-            h, w, ids, mask=mask, return_entropy=True, chunk_tokens=chunk_tokens, fused_stats=fused
-        )
+        return selective_logprobs(h, w, ids, mask=mask, return_entropy=True, chunk_tokens=chunk_tokens)
 
     return run

@@ -6,7 +6,6 @@ from __future__ import annotations
 import torch
 
 from . import triton_ops
-from .gemm_stats import gemm_stats
 from .rows import scatter_rows
 
 # `torch.addmm(..., out_dtype=torch.float32)` from bf16/fp16 inputs exists from torch 2.8 on CUDA
@@ -24,7 +23,7 @@ def addmm_acc(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
         acc.addmm_(a.to(acc.dtype), b.to(acc.dtype))
 
 
-def chunk_loop(hidden2d, weight, bias, ids, chunks, *, inv_t, token_grad, seq_grad, want, lean, fused_stats=False):
+def chunk_loop(hidden2d, weight, bias, ids, chunks, *, inv_t, token_grad, seq_grad, want, lean):
     """Run the chunks; returns (logps, entropies, grad_hidden, grad_weight, grad_bias), all over N rows.
 
     grad_weight and grad_bias come back in their accumulators' dtypes (fp32 for bf16/fp16 weights unless
@@ -35,8 +34,6 @@ def chunk_loop(hidden2d, weight, bias, ids, chunks, *, inv_t, token_grad, seq_gr
     log-prob and entropy stay 0 and their rows of grad_hidden exactly 0.
     token_grad: dict of [N] tensors and scalars for `triton_ops.finish_rows` (token-level sampling);
     seq_grad: callable (chunk, [n] logps) -> [n] d(loss)/d(logps) (sequence level); both None: no gradient.
-    fused_stats: the logits GEMM with the row statistics in its epilogue (`gemm_stats`, opt-in until timed);
-    without a gradient it then writes no logits at all, and no [C, V] buffer is allocated.
     """
     n_rows, width = hidden2d.shape
     vocab = weight.shape[0]
@@ -46,8 +43,7 @@ def chunk_loop(hidden2d, weight, bias, ids, chunks, *, inv_t, token_grad, seq_gr
     entropies = torch.zeros_like(logps)
     chunk_rows = max((c.size for c in chunks), default=0)
     grads = any(want)
-    # The [C, V] chunk buffer: not needed when the fused kernel scores without a gradient
-    buf = torch.empty((chunk_rows if grads or not fused_stats else 0, vocab), device=dev, dtype=hidden2d.dtype)
+    buf = torch.empty((chunk_rows, vocab), device=dev, dtype=hidden2d.dtype)
     gathers = any(isinstance(c.rows, torch.Tensor) for c in chunks)
     # A gathering chunk's hidden rows, contiguous for the GEMMs (one buffer for every chunk)
     hbuf = torch.empty((chunk_rows, width), device=dev, dtype=hidden2d.dtype) if gathers else None
@@ -64,14 +60,11 @@ def chunk_loop(hidden2d, weight, bias, ids, chunks, *, inv_t, token_grad, seq_gr
         else:
             h_c = torch.index_select(hidden2d, 0, chunk.rows, out=hbuf[: chunk.size])  # [n, H]
         ids_c = ids[chunk.rows]  # [n]
-        if fused_stats:
-            parts, target_logit = gemm_stats(h_c, weight, bias, ids_c, inv_t, out=tile if grads else None)
+        if bias is None:
+            torch.mm(h_c, w_t, out=tile)
         else:
-            if bias is None:
-                torch.mm(h_c, w_t, out=tile)
-            else:
-                torch.addmm(bias, h_c, w_t, out=tile)
-            parts, target_logit = triton_ops.row_stats(tile, ids_c, inv_t)
+            torch.addmm(bias, h_c, w_t, out=tile)
+        parts, target_logit = triton_ops.row_stats(tile, ids_c, inv_t)
         chunk_grad = None
         if token_grad is not None and grads:
             chunk_grad = {k: (v[chunk.rows] if isinstance(v, torch.Tensor) else v) for k, v in token_grad.items()}

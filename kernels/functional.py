@@ -36,20 +36,11 @@ SCORING_BUFFER_BYTES = 224 * 2**20
 MIN_CHUNK, MAX_CHUNK, CHUNK_STEP = 256, 16384, 256
 
 
-def default_chunk_tokens(
-    vocab: int, dtype: torch.dtype, lean: bool = False, *, scoring: bool = False, fused_stats: bool = False
-) -> int:
+def default_chunk_tokens(vocab: int, dtype: torch.dtype, lean: bool = False, *, scoring: bool = False) -> int:
     """Rows per chunk so that the logits buffer stays under CHUNK_BUFFER_BYTES (half of it when lean), or
-    under SCORING_BUFFER_BYTES for scoring. Scoring with `fused_stats` has no logits buffer: its chunk holds
-    the row statistics (12 bytes per row and 128-column segment: 14 KiB a row at V = 152k) under that budget."""
+    under SCORING_BUFFER_BYTES for scoring."""
     budget = SCORING_BUFFER_BYTES if scoring else CHUNK_BUFFER_BYTES // (2 if lean else 1)
-    if scoring and fused_stats:
-        from .gemm_stats import segments
-
-        row_bytes = 3 * 4 * segments(vocab)
-    else:
-        row_bytes = vocab * torch.finfo(dtype).bits // 8
-    rows = budget // row_bytes // CHUNK_STEP * CHUNK_STEP
+    rows = budget // (vocab * torch.finfo(dtype).bits // 8) // CHUNK_STEP * CHUNK_STEP
     return max(MIN_CHUNK, min(MAX_CHUNK, rows))
 
 
@@ -103,7 +94,6 @@ def fused_linear_grpo_loss(
     importance_sampling_level: str = "token",
     chunk_tokens: int | None = None,
     lean: bool = False,
-    fused_stats: bool = False,
 ) -> tuple[torch.Tensor, GrpoMetrics]:
     """GRPO loss of `hidden @ weight.T (+ bias)` without materialising the logits.
 
@@ -124,8 +114,6 @@ def fused_linear_grpo_loss(
             default `default_chunk_tokens(V, dtype, lean)`.
         lean: accumulate the weight gradient in the weight's dtype and use half-size chunks: less
             memory, but each chunk's partial dW is rounded to bf16 before the sum.
-        fused_stats: the row statistics in the logits GEMM's epilogue (`gemm_stats`) instead of a pass
-            over the chunk's logits; opt-in until timed on a GPU against the default.
 
     Under autocast, hidden, weight and bias are cast to the autocast dtype first (as the model's own
     lm_head would be); gradients flow back through the casts. Otherwise their dtypes must match.
@@ -155,7 +143,6 @@ def fused_linear_grpo_loss(
             importance_sampling_level=importance_sampling_level,
             chunk_tokens=chunk_tokens,
             lean=lean,
-            fused_stats=fused_stats,
         )
 
 
@@ -179,7 +166,6 @@ def _fused_linear_grpo_loss(
     importance_sampling_level,
     chunk_tokens,
     lean,
-    fused_stats,
 ):
     """`fused_linear_grpo_loss` with autocast resolved."""
     check_head(hidden, weight, completion_ids, bias)
@@ -273,7 +259,6 @@ def _fused_linear_grpo_loss(
             seq_grad=seq_grad,
             want=want,
             lean=lean,
-            fused_stats=fused_stats,
         )
         gw, gb = in_weight_dtype(gw, weight), in_weight_dtype(gb, weight)
         # The loss value and the logged metrics from all log-probs at once: the same code as the reference
@@ -299,7 +284,6 @@ def selective_logprobs(
     temperature: float = 1.0,
     return_entropy: bool = False,
     chunk_tokens: int | None = None,
-    fused_stats: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Log-probs of `ids` under `hidden @ weight.T (+ bias)` / temperature, without logits or autograd.
 
@@ -311,8 +295,6 @@ def selective_logprobs(
         temperature: logits are divided by it; return_entropy: also return the entropies.
         chunk_tokens: rows per chunk; default `default_chunk_tokens(V, dtype, scoring=True)`, a smaller
             chunk than the loss's (no dW accumulator here: the chunk buffer is most of the extra memory).
-        fused_stats: the row statistics in the logits GEMM's epilogue (`gemm_stats`): no logits are
-            written and no chunk buffer is allocated; opt-in until timed on a GPU against the default.
 
     Returns:
         fp32 log-probs of shape ids.shape (fp64 for fp64 inputs), and the entropies if asked.
@@ -326,7 +308,7 @@ def selective_logprobs(
         None if mask is None else (mask != 0).reshape(-1),
         ids.numel(),
         counts,
-        chunk_tokens or default_chunk_tokens(weight.shape[0], hidden.dtype, scoring=True, fused_stats=fused_stats),
+        chunk_tokens or default_chunk_tokens(weight.shape[0], hidden.dtype, scoring=True),
         whole_sequences=False,
     )
     with torch.autocast(hidden.device.type, enabled=False):
@@ -341,7 +323,6 @@ def selective_logprobs(
             seq_grad=None,
             want=(False, False, False),
             lean=False,
-            fused_stats=fused_stats,
         )
     if return_entropy:
         return logps.view(ids.shape), entropies.view(ids.shape)

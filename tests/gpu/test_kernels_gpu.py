@@ -63,7 +63,7 @@ def _run(fn, inp, dtype, **kw):
 
 
 def _compare(inp, dtype, rtol, cos_min, ref_logits_dtype=None, ref_inp=None, **kw):
-    ref_kw = {k: v for k, v in kw.items() if k not in ("chunk_tokens", "lean", "fused_stats")}
+    ref_kw = {k: v for k, v in kw.items() if k not in ("chunk_tokens", "lean")}
     ref_loss, ref_grads, _ = _run(
         reference_grpo_loss, ref_inp or inp, torch.float64, logits_dtype=ref_logits_dtype, **ref_kw
     )
@@ -242,10 +242,9 @@ def test_kernels_compile_once_whatever_the_valid_token_count() -> None:
         inp = _inputs(4, 640, 72, 3001, torch.bfloat16, seed=valid)
         inp["mask"] = (torch.arange(4 * 640, device="cuda") < valid).long().view(4, 640)
         h, w = inp["hidden"].bfloat16(), inp["weight"].bfloat16()
-        for fused in (False, True):  # the default path, and the statistics in the GEMM's epilogue
-            _run(fused_linear_grpo_loss, inp, torch.bfloat16, beta=0.04, chunk_tokens=256, fused_stats=fused)
-            with torch.no_grad():
-                selective_logprobs(h, w, inp["ids"], mask=inp["mask"], fused_stats=fused)
+        _run(fused_linear_grpo_loss, inp, torch.bfloat16, beta=0.04, chunk_tokens=256)
+        with torch.no_grad():
+            selective_logprobs(h, w, inp["ids"], mask=inp["mask"])
 
     triton.knobs.runtime.jit_post_compile_hook = count
     try:
@@ -307,17 +306,3 @@ def test_decode_attention_replays_from_a_cuda_graph_after_the_cache_changes() ->
         graph.replay()
         expected = decode_attention_torch(query.float(), key.float(), value.float(), mask, 128**-0.5)
         torch.testing.assert_close(out.float(), expected, rtol=0, atol=2e-2)
-
-
-@pytest.mark.parametrize("bias", [False, True])
-def test_fused_stats_bf16_loss_and_scoring_match(bias: bool) -> None:
-    # The logits GEMM with the statistics in its epilogue (grpo_kernels.gemm_stats, opt-in) against the fp64
-    # reference (loss, grads) and against the default path (scoring), at Qwen3-0.6B's vocabulary
-    inp = _inputs(4, 96, 1024, 151936, torch.bfloat16, bias=bias)
-    _compare(inp, torch.bfloat16, BF16_LOSS_RTOL, BF16_GRAD_COS, ref_logits_dtype=torch.bfloat16, fused_stats=True)
-    h, w = inp["hidden"].bfloat16(), inp["weight"].bfloat16()
-    b = None if inp["bias"] is None else inp["bias"].bfloat16()
-    fused = selective_logprobs(h, w, inp["ids"], mask=inp["mask"], bias=b, return_entropy=True, fused_stats=True)
-    default = selective_logprobs(h, w, inp["ids"], mask=inp["mask"], bias=b, return_entropy=True)
-    for got, want in zip(fused, default):
-        torch.testing.assert_close(got, want, rtol=1e-3, atol=2e-3)
