@@ -23,6 +23,7 @@ backend comes. The whole run keeps to --budget-s (default 230 s): work past it i
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import platform
 import sys
@@ -211,14 +212,17 @@ def profile_rollout(
     backend: Backend, prompts: list[list[int]], new_tokens: int, stop_ids: list[int], device: torch.device, out: Path
 ) -> Path:
     """One more rollout of `prompts` under torch.profiler (after the timed one: nothing left to compile);
-    its operator tables go to OUT/profile-<backend>-<rows>.txt."""
-    from grpo_tui.train.profiling import profiled
+    its operator tables go to OUT/profile-<backend>-<rows>.txt, and on CUDA the allocations live at its
+    memory peak to OUT/peak-<backend>-<rows>.txt."""
+    from grpo_tui.train.profiling import peak_allocations, profiled
 
     path = out / f"profile-{backend.name.replace('@', '_at_')}-{len(prompts)}.txt"
     out.mkdir(parents=True, exist_ok=True)
     title = f"one rollout, {backend.name}, {len(prompts)} x {new_tokens} tokens"
+    peak = out / f"peak-{path.stem.removeprefix('profile-')}.txt"  # CUDA: what is live at the rollout's peak
     with profiled(path, device.type == "cuda", title), torch.no_grad():
-        backend.run(prompts, new_tokens, stop_ids, ignore_eos=True)
+        with peak_allocations(peak) if device.type == "cuda" else contextlib.nullcontext():
+            backend.run(prompts, new_tokens, stop_ids, ignore_eos=True)
         sync(device)
     return path
 

@@ -92,9 +92,9 @@ def right_padding_mask(lengths: list[int], seq: int, device: torch.device | str 
     return (torch.arange(seq, device=device) < torch.tensor(lengths, device=device).unsqueeze(1)).long()
 
 
-def padded_inputs(lengths: list[int], seq: int, hidden: int, vocab: int, seed: int = 0) -> dict:
+def padded_inputs(lengths: list[int], seq: int, hidden: int, vocab: int, seed: int = 0, device: str = "cuda") -> dict:
     """`bench_providers.make_inputs` for len(lengths) sequences, with their right-padding mask."""
-    inp = bench_providers.make_inputs(len(lengths), seq, hidden, vocab, seed)
+    inp = bench_providers.make_inputs(len(lengths), seq, hidden, vocab, seed, device)
     inp["mask"] = right_padding_mask(lengths, seq, inp["ids"].device)
     return inp
 

@@ -19,15 +19,15 @@ PROVIDERS = ("floor", "naive", "trl", "liger", "chunked", "chunked-lean")
 MIB = 2**20
 
 
-def make_inputs(batch: int, seq: int, hidden: int, vocab: int, seed: int = 0) -> dict:
-    """bf16 GRPO inputs on CUDA with a Qwen3-0.6B-like head scale (random, never zeros)."""
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    h = torch.randn(batch, seq, hidden, device="cuda", generator=g).bfloat16()
-    w = (torch.randn(vocab, hidden, device="cuda", generator=g) * 0.05).bfloat16()
-    ids = torch.randint(0, vocab, (batch, seq), device="cuda", generator=g)
-    mask = torch.ones(batch, seq, device="cuda", dtype=torch.int64)
-    adv = torch.randn(batch, device="cuda", generator=g)
-    ref = -torch.rand(batch, seq, device="cuda", generator=g) * 5 - 8  # near log(1/V)
+def make_inputs(batch: int, seq: int, hidden: int, vocab: int, seed: int = 0, device: str = "cuda") -> dict:
+    """bf16 GRPO inputs (on CUDA unless `device`) with a Qwen3-0.6B-like head scale (random, never zeros)."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    h = torch.randn(batch, seq, hidden, device=device, generator=g).bfloat16()
+    w = (torch.randn(vocab, hidden, device=device, generator=g) * 0.05).bfloat16()
+    ids = torch.randint(0, vocab, (batch, seq), device=device, generator=g)
+    mask = torch.ones(batch, seq, device=device, dtype=torch.int64)
+    adv = torch.randn(batch, device=device, generator=g)
+    ref = -torch.rand(batch, seq, device=device, generator=g) * 5 - 8  # near log(1/V)
     return dict(hidden=h.requires_grad_(), weight=w.requires_grad_(), ids=ids, mask=mask, adv=adv, ref=ref)
 
 

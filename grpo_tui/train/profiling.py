@@ -1,7 +1,8 @@
 """Profiling one training step: `$GRPO_TUI_PROFILE_STEP=N` runs the Nth optimizer step of this process under
 torch.profiler and writes its operator tables to the run folder, with Python's gc pauses beside them.
 
-`write_profile_tables` also serves the benchmarks (e.g. one rollout in `benchmarks/generation_bench.py`).
+`write_profile_tables` also serves the benchmarks (e.g. one rollout in `benchmarks/generation_bench.py`), as
+does `peak_allocations` (CUDA: which allocations are live at a block's memory peak, and where they were made).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ class StepProfiler:
         raw = os.environ.get(PROFILE_STEP_ENV)
         if not raw:
             return None
-        if not raw.isdigit() or int(raw) < 1:
+        if not raw.isdecimal() or int(raw) < 1:
             raise ValueError(f"{PROFILE_STEP_ENV}: got {raw!r}; allowed: an optimizer step number from 1")
         rank = os.environ.get("RANK", "0")
         suffix = "" if rank == "0" else f"-rank{rank}"
@@ -114,3 +115,55 @@ class GcPauses:
     def summary(self) -> str:
         per = ", ".join(f"gen{g} {n} x {1000 * t:.1f} ms" for g, (n, t) in enumerate(zip(self.counts, self.seconds)))
         return f"\ngc pauses: {1000 * sum(self.seconds):.1f} ms in all ({per})\n"
+
+
+@contextmanager
+def peak_allocations(path: Path, top: int = 15) -> Iterator[None]:
+    """CUDA: record the caching allocator's history over the block; on leaving, write to `path` the blocks
+    live at the block's peak (counting only what the block allocated), grouped by the Python line that made
+    them (`live_at_peak`)."""
+    import torch
+
+    torch.cuda.memory._record_memory_history(max_entries=2_000_000, stacks="python")
+    try:
+        yield
+    finally:
+        snapshot = torch.cuda.memory._snapshot()
+        torch.cuda.memory._record_memory_history(enabled=None)
+        events = [e for trace in snapshot.get("device_traces", []) for e in trace]
+        peak, sites = live_at_peak(events)
+        lines = [f"# live at the peak: {peak / 2**20:,.1f} MiB allocated inside the block", ""]
+        lines += [f"{size / 2**20:12,.1f} MiB  {count:6d} blocks  {site}" for site, size, count in sites[:top]]
+        Path(path).write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def live_at_peak(events: list[dict[str, Any]]) -> tuple[int, list[tuple[str, int, int]]]:
+    """(peak bytes, [(site, bytes, blocks)] largest first) of the blocks live when the allocator's trace
+    (`torch.cuda.memory._snapshot()["device_traces"]` events: action, addr, size, frames) held the most.
+    A block counts from its "alloc" to its first free action; a site is the innermost frame outside torch
+    (else the innermost frame), as "file:line (function)"."""
+    live: dict[int, dict[str, Any]] = {}
+    total = peak = 0
+    at_peak: list[dict[str, Any]] = []
+    for event in events:
+        action = event.get("action")
+        if action == "alloc":
+            live[event["addr"]] = event
+            total += event["size"]
+            if total > peak:
+                peak, at_peak = total, list(live.values())
+        elif action in ("free_requested", "free_completed") and event.get("addr") in live:
+            total -= live.pop(event["addr"])["size"]
+    sites: dict[str, list[int]] = {}
+    for block in at_peak:
+        entry = sites.setdefault(_site(block.get("frames", [])), [0, 0])
+        entry[0] += block["size"]
+        entry[1] += 1
+    ranked = sorted(((site, size, count) for site, (size, count) in sites.items()), key=lambda s: -s[1])
+    return peak, ranked
+
+
+def _site(frames: list[dict[str, Any]]) -> str:
+    ours = [f for f in frames if "/torch/" not in f.get("filename", "")]
+    frame = (ours or frames or [{}])[0]
+    return f"{frame.get('filename', '?')}:{frame.get('line', '?')} ({frame.get('name', '?')})"

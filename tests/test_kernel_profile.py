@@ -1,0 +1,102 @@
+"""benchmarks/kernel_profile.py (where a head call's time goes) and profiling.live_at_peak (what is live at a
+rollout's memory peak): the parts that run without a GPU."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from grpo_tui.train.profiling import live_at_peak
+from tests.benchmark_scripts import load_benchmark
+
+
+def _profile():
+    return load_benchmark("kernel_profile")
+
+
+def test_busy_time_is_the_union_of_kernel_intervals() -> None:
+    busy = _profile().busy_ms
+    assert busy([]) == 0
+    # overlapping [0, 3000) and [1000, 4000) us -> 4 ms; a disjoint [10000, 10500) adds 0.5; one inside adds 0
+    assert busy([(1000.0, 4000.0), (0.0, 3000.0), (10000.0, 10500.0), (1500.0, 2000.0)]) == pytest.approx(4.5)
+
+
+def test_smoke_on_cpu_writes_rows_and_tables(tmp_path, capsys) -> None:
+    code = _profile().main(
+        ["--device", "cpu", "--cases", "loss:48:0,scoring:48:75", "--calls", "2", "--out", str(tmp_path)]
+    )
+    assert code == 0
+    result = json.loads((tmp_path / "kernel-profile.json").read_text())
+    rows = result["rows"]
+    assert [(r["mode"], r["padding"], r["provider"]) for r in rows] == [
+        ("loss", 0, "chunked"),
+        ("scoring", 75, "chunked"),
+    ]
+    # 48 valid tokens at 75% padding of T = 16 positions: 12 sequences; unpadded: 3
+    assert [r["batch"] for r in rows] == [3, 12]
+    assert all(r["wall_ms"] > 0 and r["idle_fraction"] is None for r in rows)
+    assert "--cases loss:48:0,scoring:48:75" in result["command"]
+    text = (tmp_path / "scoring-48-75-chunked.txt").read_text()
+    assert "## kernels (torch.profiler)" in text and "selective_logprobs" in text  # cProfile saw the call
+    assert "| scoring | 48 | 75% | chunked |" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        (["--cases", "loss:4096"], "--cases: got 'loss:4096'; allowed: MODE:VALID_TOKENS:PADDING"),
+        (["--cases", "decode:4096:0"], "--cases: got 'decode:4096:0'; allowed"),
+        (["--cases", "loss:0:0"], "--cases: got 'loss:0:0'; allowed"),
+        (["--cases", "scoring:64:100"], "--cases: got 'scoring:64:100'; allowed"),
+        (["--providers", "naive"], "--providers: got 'naive'; allowed: floor, trl, chunked, chunked-lean"),
+        (["--calls", "0"], "--calls: got 0; allowed: an integer >= 1"),
+    ],
+)
+def test_bad_options_are_one_line(tmp_path, capsys, argv: list[str], words: str) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        _profile().main(["--device", "cpu", *argv, "--out", str(tmp_path)])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert words in err and "Traceback" not in err
+
+
+@settings(max_examples=200, deadline=None)
+@given(text=st.text(max_size=30) | st.sampled_from(["loss:4\u00b2:0", "scoring:64:\u0661", "loss:64:0,"]))
+def test_cases_option_any_text_parses_or_is_one_line(text: str) -> None:
+    try:
+        cases = _profile().parse_cases(text)
+    except ValueError as error:
+        message = str(error)
+        assert message.startswith("--cases: got ") and "allowed:" in message and "\n" not in message.replace(text, "")
+    else:
+        assert all(mode in ("loss", "scoring") and n > 0 and 0 <= pct < 100 for mode, n, pct in cases)
+
+
+def _alloc(addr: int, size: int, filename: str, line: int = 1) -> dict:
+    frames = [{"filename": "/x/torch/nn/functional.py", "line": 9, "name": "linear"}]
+    frames.append({"filename": filename, "line": line, "name": "f"})
+    return {"action": "alloc", "addr": addr, "size": size, "frames": frames}
+
+
+def test_live_at_peak_takes_the_live_set_at_the_highest_total() -> None:
+    events = [
+        _alloc(1, 100, "/p/generation.py", 10),
+        _alloc(2, 300, "/p/generation.py", 20),
+        {"action": "free_requested", "addr": 2, "size": 300},
+        {"action": "free_completed", "addr": 2, "size": 300},  # freed once only
+        _alloc(3, 250, "/p/generation.py", 10),
+        _alloc(4, 60, "/p/cache.py", 5),  # the peak: 100 + 250 + 60 = 410 (above 100 + 300; that block is gone)
+        {"action": "free_requested", "addr": 1, "size": 100},
+        {"action": "free_requested", "addr": 99, "size": 7},  # allocated before recording: ignored
+        _alloc(5, 200, "/p/cache.py", 5),  # 410 - 100 + 200 = 510: a new peak
+    ]
+    peak, sites = live_at_peak(events[:-1])
+    assert peak == 410
+    # grouped by the innermost frame outside torch, largest first
+    assert sites == [("/p/generation.py:10 (f)", 350, 2), ("/p/cache.py:5 (f)", 60, 1)]
+    peak, sites = live_at_peak(events)
+    assert peak == 510 and sites[0] == ("/p/cache.py:5 (f)", 260, 2)
+    assert live_at_peak([]) == (0, [])
