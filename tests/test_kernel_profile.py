@@ -76,8 +76,8 @@ def test_cases_option_any_text_parses_or_is_one_line(text: str) -> None:
 
 
 def _alloc(addr: int, size: int, filename: str, line: int = 1) -> dict:
-    frames = [{"filename": "/x/torch/nn/functional.py", "line": 9, "name": "linear"}]
-    frames.append({"filename": filename, "line": line, "name": "f"})
+    frames = [{"filename": "/opt/torch/.venv/lib/python3.12/site-packages/torch/nn/functional.py", "line": 9}]
+    frames.append({"filename": filename.replace("/p/", "/opt/torch/.venv/p/"), "line": line, "name": "f"})
     return {"action": "alloc", "addr": addr, "size": size, "frames": frames}
 
 
@@ -96,7 +96,7 @@ def test_live_at_peak_takes_the_live_set_at_the_highest_total() -> None:
     peak, sites = live_at_peak(events[:-1])
     assert peak == 410
     # grouped by the innermost frame outside torch, largest first
-    assert sites == [("/p/generation.py:10 (f)", 350, 2), ("/p/cache.py:5 (f)", 60, 1)]
+    assert sites == [("/opt/torch/.venv/p/generation.py:10 (f)", 350, 2), ("/opt/torch/.venv/p/cache.py:5 (f)", 60, 1)]
     peak, sites = live_at_peak(events)
-    assert peak == 510 and sites[0] == ("/p/cache.py:5 (f)", 260, 2)
+    assert peak == 510 and sites[0] == ("/opt/torch/.venv/p/cache.py:5 (f)", 260, 2)
     assert live_at_peak([]) == (0, [])

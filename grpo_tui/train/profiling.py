@@ -140,8 +140,8 @@ def peak_allocations(path: Path, top: int = 15) -> Iterator[None]:
 def live_at_peak(events: list[dict[str, Any]]) -> tuple[int, list[tuple[str, int, int]]]:
     """(peak bytes, [(site, bytes, blocks)] largest first) of the blocks live when the allocator's trace
     (`torch.cuda.memory._snapshot()["device_traces"]` events: action, addr, size, frames) held the most.
-    A block counts from its "alloc" to its first free action; a site is the innermost frame outside torch
-    (else the innermost frame), as "file:line (function)"."""
+    A block counts from its "alloc" to its first free action; a site is the innermost frame outside torch's
+    package (else the innermost frame), as "file:line (function)"."""
     live: dict[int, dict[str, Any]] = {}
     total = peak = 0
     at_peak: list[dict[str, Any]] = []
@@ -164,6 +164,7 @@ def live_at_peak(events: list[dict[str, Any]]) -> tuple[int, list[tuple[str, int
 
 
 def _site(frames: list[dict[str, Any]]) -> str:
-    ours = [f for f in frames if "/torch/" not in f.get("filename", "")]
+    # torch's own files sit under site-packages/torch/ (a venv may itself be named torch: /opt/torch/.venv)
+    ours = [f for f in frames if "site-packages/torch/" not in f.get("filename", "")]
     frame = (ours or frames or [{}])[0]
     return f"{frame.get('filename', '?')}:{frame.get('line', '?')} ({frame.get('name', '?')})"
