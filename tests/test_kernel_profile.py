@@ -6,11 +6,11 @@ from __future__ import annotations
 import json
 
 import pytest
+from benchmark_scripts import load_benchmark
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from grpo_tui.train.profiling import live_at_peak
-from tests.benchmark_scripts import load_benchmark
 
 
 def _profile():
