@@ -10,8 +10,8 @@ import torch
 from grpo_kernels import bench, bench_padded, bench_providers
 
 
-def _cpu_inputs(batch: int, seq: int, hidden: int, vocab: int, seed: int = 0) -> dict:
-    """Tiny fp32 CPU stand-in for `bench_providers.make_inputs` (same signature and dict layout)."""
+def _cpu_inputs(batch: int, seq: int, hidden: int, vocab: int, seed: int = 0, device: str = "cpu") -> dict:
+    """Tiny fp32 CPU stand-in for `bench_providers.make_inputs` (same signature and dict layout; always CPU)."""
     g = torch.Generator().manual_seed(seed)
     return dict(
         hidden=torch.randn(batch, seq, hidden, generator=g).requires_grad_(),
