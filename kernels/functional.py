@@ -188,18 +188,12 @@ def _fused_linear_grpo_loss(
     vocab = weight.shape[0]
     stats_dtype = torch.float64 if hidden.dtype == torch.float64 else torch.float32
     by_sequence = importance_sampling_level == "sequence"
-    counts = valid_counts(completion_ids, completion_mask, vocab, per_sequence=by_sequence)  # the one host sync
     valid = completion_mask != 0  # (B, T)
-    chunks = plan_chunks(
-        valid.reshape(-1),
-        batch * seq,
-        counts,
-        chunk_tokens or default_chunk_tokens(vocab, hidden.dtype, lean),
-        whole_sequences=by_sequence,
-    )
     grad_on = torch.is_grad_enabled()
     want = tuple(grad_on and t is not None and t.requires_grad for t in (hidden, weight, bias))
 
+    # The work that needs only the mask is queued before the host sync below, so that after it the device
+    # waits only for the chunk loop's first launches
     mask2d = completion_mask.to(stats_dtype)
     weights = token_weights(
         mask2d,
@@ -247,6 +241,14 @@ def _fused_linear_grpo_loss(
                 )
                 return torch.autograd.grad((loss_tok * weights[seqs]).sum(), x)[0]
 
+    counts = valid_counts(completion_ids, completion_mask, vocab, per_sequence=by_sequence)  # the one host sync
+    chunks = plan_chunks(
+        valid.reshape(-1),
+        batch * seq,
+        counts,
+        chunk_tokens or default_chunk_tokens(vocab, hidden.dtype, lean),
+        whole_sequences=by_sequence,
+    )
     with torch.no_grad():
         logps, entropies, gh, gw, gb = chunk_loop(
             hidden.reshape(-1, width),
