@@ -11,9 +11,10 @@ Each program leaves an unnormalised partial (acc, running max, sum of exp); a se
 splits of each (row, head) with the usual log-sum-exp weights.
 
 Measured on the H200 (bf16, Qwen3-0.6B's 16 query / 8 key-value heads of 128, 300 of 512 slots filled per
-row, in a CUDA graph; `benchmarks/decode_attention_bench.py`): 52.9 us per call at 128 rows against sdpa's
-folded attention (cuDNN) 115.6 us, 182.8 against 418.4 at 512 rows; the defaults below were the fastest of the
-16 settings swept at 128 rows. The graph decoder uses it by default. The previous kernel here (one program
+row, in a CUDA graph; `benchmarks/decode_attention_bench.py`): 36.9 us per call at 128 rows against sdpa's
+folded attention (cuDNN) 115.8 us, 119.1 against 418.5 at 512 rows, with the defaults below (the fastest of 108
+settings at 128 rows, 2026-12-03c; 52.9 and 182.8 us before the loop bounds were hoisted from the mask). The
+graph decoder uses it by default. The previous kernel here (one program
 per (row, kv head), 32-key steps, elementwise products) lost to sdpa.
 
 `decode_attention` is a torch custom op, so torch.compile treats it as one opaque call and a CUDA graph

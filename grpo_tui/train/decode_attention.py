@@ -13,9 +13,9 @@ With the name "triton" in `attention_context` (the graph decoder's default where
 `DEFAULT_DECODE_ATTENTION`), a decode step (one query per row, a bool mask) goes to
 `grpo_kernels.decode_attention` instead: a split-KV Triton kernel that reads only the cache slots the mask
 allows (its torch twin off CUDA); prefill stays on sdpa. On the H200 (Qwen3-0.6B shape, 300 of 512 slots
-filled) it takes 52.9 us per layer call at 128 rows against sdpa's 115.6 (cuDNN), 182.8 against 418.4 at
-512 rows; rollouts of 128 x 256 run at 27,047 tokens/s against 22,223 in the same run
-(benchmarks/results/h200-2026-12-03b/). An earlier kernel without splits or tensor cores lost (ad36d85).
+filled) it takes 36.9 us per layer call at 128 rows against sdpa's 115.8 (cuDNN), 119.1 against 418.5 at
+512 rows; rollouts of 128 x 256 run at 30,779 tokens/s against 21,934 in the same run
+(benchmarks/results/h200-2026-12-03c/). An earlier kernel without splits or tensor cores lost (ad36d85).
 """
 
 from __future__ import annotations

@@ -7,9 +7,9 @@
     graph     Ours: a static KV cache sized to a (rows, length) bucket; the token step (forward, sampling, the
               token written) compiled by torch.compile and captured once per bucket as a CUDA graph, then
               replayed for every token. CUDA only.
-    auto      graph on CUDA when nothing blocks it (the fastest measured, 128 x 256 on the H200: graph 27,047
-              tokens/s with grpo_kernels' decode attention, benchmarks/results/h200-2026-12-03b/; generate 1,687,
-              h200-2026-12-03/; static 8,165, generation-h200-unfolded.json), else generate.
+    auto      graph on CUDA when nothing blocks it (the fastest measured, 128 x 256 on the H200: graph 30,779
+              tokens/s with grpo_kernels' decode attention and generate 1,467 in one run,
+              benchmarks/results/h200-2026-12-03c/; static 8,165, generation-h200-unfolded.json), else generate.
 
 After each rollout the bucket (KV cache and graph pool) is released, so the loss phase does not carry the
 cache: capturing again costs a few decode steps per rollout, keeping it cost the whole step ~10 GiB of peak.
