@@ -50,6 +50,9 @@ NUM_STAGES = 2
 # pipelined. The H200 sweep (`benchmarks/decode_attention_bench.py`, 108 settings): 36.9 vs 53.6 us per call
 # at 128 rows x 300 of 512 slots (1.45x), 119.1 vs 183.1 at 512 rows; every one of the 20 fastest hoists
 HOIST_BOUNDS = True
+# With HOIST_BOUNDS, a row's mask is read in one load up to this many slots (the swept case), in a loop of such
+# loads beyond it, so long caches (e.g. 8k-token completions) do not hold the whole row in registers
+HOIST_MASK_BLOCK = 1024
 LOG2E = 1.4426950408889634
 
 
@@ -98,6 +101,7 @@ if HAS_TRITON:
         PRECISION: tl.constexpr,
         HOIST: tl.constexpr,
         L_PAD: tl.constexpr,
+        ONE_LOAD: tl.constexpr,
     ):
         # Program (row * KV_HEADS + kv, split): the GROUP query heads of kv over keys [lo, hi)
         pid = tl.program_id(0)
@@ -123,6 +127,12 @@ if HAS_TRITON:
             row_mask = tl.load(mask_ptr + row * sm_r + slots, mask=slots < length, other=0) != 0
             first = tl.min(tl.where(row_mask, slots, length), axis=0)
             last = tl.max(tl.where(row_mask, slots, -1), axis=0)
+            if not ONE_LOAD:  # the rest of a long row, L_PAD slots at a time
+                for m0 in range(L_PAD, length, L_PAD):
+                    more = m0 + slots
+                    row_mask = tl.load(mask_ptr + row * sm_r + more, mask=more < length, other=0) != 0
+                    first = tl.minimum(first, tl.min(tl.where(row_mask, more, length), axis=0))
+                    last = tl.maximum(last, tl.max(tl.where(row_mask, more, -1), axis=0))
             lo = lo + tl.maximum(first - lo, 0) // BLOCK * BLOCK  # stays on the split's block grid
             hi = tl.minimum(hi, last + 1)
         for start in range(lo, hi, BLOCK):
@@ -275,7 +285,9 @@ def _decode_attention_op(
         BLOCK=BLOCK_KEYS,
         PRECISION="ieee" if query.dtype == torch.float32 else "tf32",  # no TF32 rounding of fp32 inputs
         HOIST=HOIST_BOUNDS,
-        L_PAD=next_pow2(length) if HOIST_BOUNDS else 1,  # (a constexpr: no recompile per length without it)
+        # (constexprs: no recompile per length without HOIST_BOUNDS, one per power of two up to HOIST_MASK_BLOCK)
+        L_PAD=min(next_pow2(length), HOIST_MASK_BLOCK) if HOIST_BOUNDS else 1,
+        ONE_LOAD=next_pow2(length) <= HOIST_MASK_BLOCK,
         num_warps=NUM_WARPS,
         num_stages=NUM_STAGES,
     )
