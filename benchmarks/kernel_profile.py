@@ -29,6 +29,7 @@ import torch
 from grpo_kernels import bench_padded, bench_providers
 
 MODES = ("loss", "scoring")
+PROVIDERS = ("floor", "trl", "chunked", "chunked-lean")
 TOP = 12
 
 
@@ -44,6 +45,13 @@ def parse_cases(text: str) -> list[tuple[str, int, int]]:
             )
         cases.append((parts[0], int(parts[1]), int(parts[2])))
     return cases
+
+
+def parse_providers(text: str) -> list[str]:
+    providers = [p for p in text.split(",") if p]
+    if not providers or any(p not in PROVIDERS for p in providers):
+        raise ValueError(f"--providers: got {text!r}; allowed: a comma-separated subset of {', '.join(PROVIDERS)}")
+    return providers
 
 
 def busy_ms(intervals: list[tuple[float, float]]) -> float:
@@ -178,10 +186,10 @@ def main(argv: list[str] | None = None) -> int:
         cases = parse_cases(args.cases)
     except ValueError as error:
         parser.error(str(error))
-    providers = [p for p in args.providers.split(",") if p]
-    unknown = [p for p in providers if p not in ("floor", "trl", "chunked", "chunked-lean")]
-    if unknown or not providers:
-        parser.error(f"--providers: got {args.providers!r}; allowed: floor, trl, chunked, chunked-lean")
+    try:
+        providers = parse_providers(args.providers)
+    except ValueError as error:
+        parser.error(str(error))
     if args.calls < 1:
         parser.error(f"--calls: got {args.calls}; allowed: an integer >= 1")
     if args.device == "cuda" and not torch.cuda.is_available():

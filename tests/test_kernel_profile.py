@@ -51,7 +51,11 @@ def test_smoke_on_cpu_writes_rows_and_tables(tmp_path, capsys) -> None:
         (["--cases", "decode:4096:0"], "--cases: got 'decode:4096:0'; allowed"),
         (["--cases", "loss:0:0"], "--cases: got 'loss:0:0'; allowed"),
         (["--cases", "scoring:64:100"], "--cases: got 'scoring:64:100'; allowed"),
-        (["--providers", "naive"], "--providers: got 'naive'; allowed: floor, trl, chunked, chunked-lean"),
+        (
+            ["--providers", "naive"],
+            "--providers: got 'naive'; allowed: a comma-separated subset of floor, trl, chunked",
+        ),
+        (["--providers", ","], "--providers: got ','; allowed"),
         (["--calls", "0"], "--calls: got 0; allowed: an integer >= 1"),
     ],
 )
@@ -73,6 +77,20 @@ def test_cases_option_any_text_parses_or_is_one_line(text: str) -> None:
         assert message.startswith("--cases: got ") and "allowed:" in message and "\n" not in message.replace(text, "")
     else:
         assert all(mode in ("loss", "scoring") and n > 0 and 0 <= pct < 100 for mode, n, pct in cases)
+
+
+@settings(max_examples=200, deadline=None)
+@given(text=st.text(max_size=30) | st.sampled_from(["trl,chunked", "chunked,,floor", "TRL"]))
+def test_providers_option_any_text_parses_or_is_one_line(text: str) -> None:
+    try:
+        providers = _profile().parse_providers(text)
+    except ValueError as error:
+        message = str(error)
+        assert (
+            message.startswith("--providers: got ") and "allowed:" in message and "\n" not in message.replace(text, "")
+        )
+    else:
+        assert providers and set(providers) <= set(_profile().PROVIDERS)
 
 
 def _alloc(addr: int, size: int, filename: str, line: int = 1) -> dict:
