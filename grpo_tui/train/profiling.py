@@ -142,20 +142,26 @@ def live_at_peak(events: list[dict[str, Any]]) -> tuple[int, list[tuple[str, int
     (`torch.cuda.memory._snapshot()["device_traces"]` events: action, addr, size, frames) held the most.
     A block counts from its "alloc" to its first free action; a site is the innermost frame outside torch's
     package (else the innermost frame), as "file:line (function)"."""
-    live: dict[int, dict[str, Any]] = {}
-    total = peak = 0
-    at_peak: list[dict[str, Any]] = []
-    for event in events:
-        action = event.get("action")
-        if action == "alloc":
-            live[event["addr"]] = event
-            total += event["size"]
-            if total > peak:
-                peak, at_peak = total, list(live.values())
-        elif action in ("free_requested", "free_completed") and event.get("addr") in live:
-            total -= live.pop(event["addr"])["size"]
+
+    def replay(stop: int) -> tuple[dict[int, dict[str, Any]], int, int]:
+        # (live blocks after events[:stop], the highest total on the way, the index just past it)
+        live: dict[int, dict[str, Any]] = {}
+        total = peak = peak_end = 0
+        for index, event in enumerate(events[:stop]):
+            action = event.get("action")
+            if action == "alloc":
+                live[event["addr"]] = event
+                total += event["size"]
+                if total > peak:
+                    peak, peak_end = total, index + 1
+            elif action in ("free_requested", "free_completed") and event.get("addr") in live:
+                total -= live.pop(event["addr"])["size"]
+        return live, peak, peak_end
+
+    _, peak, peak_end = replay(len(events))  # twice, linear: no copy of the live set at each new high
+    at_peak, _, _ = replay(peak_end)
     sites: dict[str, list[int]] = {}
-    for block in at_peak:
+    for block in at_peak.values():
         entry = sites.setdefault(_site(block.get("frames", [])), [0, 0])
         entry[0] += block["size"]
         entry[1] += 1
