@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from grpo_kernels import bench_padded, bench_providers
+from grpo_tui.runs.failures import labelled_failure
 
 MODES = ("loss", "scoring")
 PROVIDERS = ("floor", "trl", "chunked", "chunked-lean")
@@ -165,6 +166,11 @@ def table(rows: list[dict[str, Any]]) -> str:
         "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
+        if "error" in r:
+            lines.append(
+                f"| {r['mode']} | {r['valid_tokens']:,} | {r['padding']}% | {r['provider']} | {r['error']} ||||"
+            )
+            continue
         idle = "-" if r["idle_fraction"] is None else f"{r['idle_fraction']:.1%}"
         lines.append(
             f"| {r['mode']} | {r['valid_tokens']:,} | {r['padding']}% | {r['provider']} | {r['wall_ms']:.2f} | "
@@ -200,7 +206,16 @@ def main(argv: list[str] | None = None) -> int:
         for provider in providers:
             if provider == "trl" and args.device == "cpu":
                 continue  # TRL's fused head needs Triton on a GPU
-            rows.append(run_case(case, provider, args, args.out))
+            try:
+                rows.append(run_case(case, provider, args, args.out))
+            except Exception as exc:  # one case failing (TRL not installed, out of memory) leaves the others
+                mode, n_valid, pct = case
+                error = labelled_failure("failed", exc)
+                rows.append(
+                    {"mode": mode, "valid_tokens": n_valid, "padding": pct, "provider": provider, "error": error}
+                )
+                if args.device == "cuda":
+                    torch.cuda.empty_cache()
             print(json.dumps(rows[-1]), flush=True)
     (args.out / "kernel-profile.json").write_text(
         json.dumps(

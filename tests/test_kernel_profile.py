@@ -44,6 +44,28 @@ def test_smoke_on_cpu_writes_rows_and_tables(tmp_path, capsys) -> None:
     assert "| scoring | 48 | 75% | chunked |" in capsys.readouterr().out
 
 
+def test_a_failing_case_is_one_row_and_the_others_run(tmp_path, capsys, monkeypatch) -> None:
+    profile = _profile()
+    real = profile.make_call
+
+    def make_call(mode, provider, inp):
+        if mode == "loss":
+            raise ModuleNotFoundError("No module named 'trl'\nmore lines")
+        return real(mode, provider, inp)
+
+    monkeypatch.setattr(profile, "make_call", make_call)
+    code = profile.main(
+        ["--device", "cpu", "--cases", "loss:48:0,scoring:48:0", "--calls", "1", "--out", str(tmp_path)]
+    )
+    assert code == 0
+    rows = json.loads((tmp_path / "kernel-profile.json").read_text())["rows"]
+    assert rows[0]["error"] == "failed (ModuleNotFoundError: No module named 'trl')"
+    assert rows[1]["mode"] == "scoring" and rows[1]["wall_ms"] > 0
+    assert (
+        "| loss | 48 | 0% | chunked | failed (ModuleNotFoundError: No module named 'trl') |" in capsys.readouterr().out
+    )
+
+
 @pytest.mark.parametrize(
     ("argv", "words"),
     [
