@@ -181,6 +181,11 @@ def measure(
     backend: Backend, prompts: list[list[int]], new_tokens: int, stop_ids: list[int], device: torch.device
 ) -> dict[str, Any]:
     cuda = device.type == "cuda"
+    # The previous batch's bucket is freed first, as the trainer frees it after each rollout; left allocated,
+    # this call would free it on the way and the peak read against `held` would come out that much too low
+    backend.release()
+    if cuda:
+        torch.cuda.empty_cache()
     held = torch.cuda.memory_allocated() if cuda else 0
     times, peaks = [], []
     # First call: compile / capture / allocator warm-up; the second is timed. generate compiles nothing,

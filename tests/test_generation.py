@@ -453,3 +453,24 @@ def test_decode_steps_can_be_held_to_chosen_sdpa_kernels(model: torch.nn.Module)
     with pytest.raises(ValueError, match="sdpa backend: got fastest; allowed: cudnn, flash, efficient, math") as error:
         StaticDecoder(use_graph=False, sdpa_backends=("math", "fastest"))
     assert "\n" not in str(error.value)
+
+
+def test_benchmark_measures_each_batch_after_releasing_the_previous_bucket() -> None:
+    # The peak is read against the memory held before the call: a bucket left from the previous batch would
+    # be freed inside the call and understate the peak by its size (the H200 figures of 2026-12-03 were)
+    bench = load_benchmark("generation_bench")
+    calls: list[str] = []
+
+    class Recording:
+        name = "graph"
+
+        def release(self) -> None:
+            calls.append("release")
+
+        def run(self, prompts, new_tokens, stop_ids, ignore_eos):
+            calls.append("run")
+            return [[1] * new_tokens for _ in prompts]
+
+    row = bench.measure(Recording(), [[5, 6], [7]], 4, [2], torch.device("cpu"))
+    assert calls == ["release", "run", "run"]  # released before the memory baseline and both calls
+    assert row["tokens_per_s"] > 0 and row["peak_mib"] is None
