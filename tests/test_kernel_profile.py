@@ -89,30 +89,30 @@ def test_bad_options_are_one_line(tmp_path, capsys, argv: list[str], words: str)
     assert words in err and "Traceback" not in err
 
 
-@settings(max_examples=200, deadline=None)
-@given(text=st.text(max_size=30) | st.sampled_from(["loss:4\u00b2:0", "scoring:64:\u0661", "loss:64:0,"]))
-def test_cases_option_any_text_parses_or_is_one_line(text: str) -> None:
-    try:
-        cases = _profile().parse_cases(text)
-    except ValueError as error:
-        message = str(error)
-        assert message.startswith("--cases: got ") and "allowed:" in message and "\n" not in message.replace(text, "")
-    else:
-        assert all(mode in ("loss", "scoring") and n > 0 and 0 <= pct < 100 for mode, n, pct in cases)
+def _valid_cases(cases) -> bool:
+    return all(mode in ("loss", "scoring") and n > 0 and 0 <= pct < 100 for mode, n, pct in cases)
 
 
+def _valid_providers(providers) -> bool:
+    return bool(providers) and set(providers) <= set(_profile().PROVIDERS)
+
+
+OPTIONS = {"--cases": ("parse_cases", _valid_cases), "--providers": ("parse_providers", _valid_providers)}
+ODD = ["loss:4\u00b2:0", "scoring:64:\u0661", "loss:64:0,", "trl,chunked", "chunked,,floor", "TRL"]
+
+
+@pytest.mark.parametrize("flag", list(OPTIONS))
 @settings(max_examples=200, deadline=None)
-@given(text=st.text(max_size=30) | st.sampled_from(["trl,chunked", "chunked,,floor", "TRL"]))
-def test_providers_option_any_text_parses_or_is_one_line(text: str) -> None:
+@given(text=st.text(max_size=30) | st.sampled_from(ODD))
+def test_options_any_text_parse_or_are_one_line(flag: str, text: str) -> None:
+    parse, valid = OPTIONS[flag]
     try:
-        providers = _profile().parse_providers(text)
+        parsed = getattr(_profile(), parse)(text)
     except ValueError as error:
         message = str(error)
-        assert (
-            message.startswith("--providers: got ") and "allowed:" in message and "\n" not in message.replace(text, "")
-        )
+        assert message.startswith(f"{flag}: got ") and "allowed:" in message and "\n" not in message.replace(text, "")
     else:
-        assert providers and set(providers) <= set(_profile().PROVIDERS)
+        assert valid(parsed)
 
 
 def _alloc(addr: int, size: int, filename: str, line: int = 1) -> dict:
