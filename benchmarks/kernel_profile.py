@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import functools
 import io
 import json
 import pstats
@@ -26,7 +27,7 @@ from typing import Any
 
 import torch
 
-from grpo_kernels import bench_padded, bench_providers
+from grpo_kernels import bench, bench_padded, bench_providers
 from grpo_tui.runs.failures import labelled_failure
 
 MODES = ("loss", "scoring")
@@ -66,7 +67,8 @@ def busy_ms(intervals: list[tuple[float, float]]) -> float:
 
 
 def device_profile(call: Any, calls: int, cuda: bool) -> tuple[dict[str, Any], str]:
-    """({wall_ms, busy_ms, idle_fraction, kernels} per call, table of the top kernels) under torch.profiler."""
+    """({profiled_wall_ms, busy_ms, idle_fraction, kernels_per_call} per call, the top kernels' table) under
+    torch.profiler."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
@@ -107,18 +109,12 @@ def host_profile(call: Any, calls: int, cuda: bool) -> str:
 
 
 def make_call(mode: str, provider: str, inp: dict) -> Any:
-    """One call of `provider` on `inp`: the loss and its backward, or scoring."""
+    """One call of `provider` on `inp` as `grpo_kernels.bench` times it: the loss and its backward, or scoring."""
     if mode == "scoring":
-        return bench_providers.score_fn(provider, inp)
-    step = bench_providers.loss_fn(provider, inp, beta=0.04)
-
-    def call() -> None:
-        inp["hidden"].grad = inp["weight"].grad = None
-        out = step()
-        if isinstance(out, torch.Tensor):
-            out.backward()
-
-    return call
+        step = bench_providers.score_fn(provider, inp)
+    else:
+        step = bench_providers.loss_fn(provider, inp, beta=0.04)
+    return functools.partial(bench.run_step, step, inp)
 
 
 def wall_ms(call: Any, reps: int, cuda: bool) -> float:

@@ -24,16 +24,18 @@ import torch.nn.functional as F
 from .bench_providers import MIB, PROVIDERS, loss_fn, make_inputs
 
 
+def run_step(step: Callable[[], object], inp: dict) -> None:
+    """One call of a provider's `step` as it is timed: the inputs' grads cleared, then `step()` and, when it
+    returns a loss, its backward."""
+    inp["hidden"].grad = inp["weight"].grad = None
+    out = step()
+    if isinstance(out, torch.Tensor):
+        out.backward()
+
+
 def measure(step: Callable[[], object], inp: dict, reps: int, warmup: int = 2) -> tuple[float, float, float]:
     """(median ms over `reps`, extra peak MiB, median host ms to enqueue) of `step` (+ its backward)."""
-
-    def once() -> None:
-        inp["hidden"].grad = None
-        inp["weight"].grad = None
-        out = step()
-        if isinstance(out, torch.Tensor):
-            out.backward()
-
+    once = functools.partial(run_step, step, inp)
     for _ in range(warmup):
         once()
     inp["hidden"].grad = inp["weight"].grad = None
@@ -45,7 +47,6 @@ def measure(step: Callable[[], object], inp: dict, reps: int, warmup: int = 2) -
     peak = (torch.cuda.max_memory_allocated() - base) / MIB
     times, host = [], []
     for _ in range(reps):
-        inp["hidden"].grad = inp["weight"].grad = None
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         t0 = time.perf_counter()
         start.record()
