@@ -74,7 +74,7 @@ def row(label: str, path: Path, skip: set[int], mean: bool = False) -> dict[str,
         trl_step_time_s=round(step["step_time"], 4) if isinstance(step.get("step_time"), float) else None,
         **({"step_s_range": step["step_s_range"]} if mean else {}),
         phases_s={phase: step.get(phase_time_key(phase)) for phase in PHASES},
-        peak_gib=round(max(g["peak_mib"] for g in gpus) / 1024, 2) if gpus else None,
+        peak_gib=round(_peak_mib(step["memory"]) / 1024, 2) if gpus else None,
         backend=step.get(GENERATION_BACKEND_KEY),
         generation_tokens_per_s=step.get(GENERATION_RATE_KEY),
     )

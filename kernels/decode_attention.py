@@ -14,8 +14,8 @@ Measured on the H200 (bf16, Qwen3-0.6B's 16 query / 8 key-value heads of 128, 30
 row, in a CUDA graph; `benchmarks/decode_attention_bench.py`): 36.9 us per call at 128 rows against sdpa's
 folded attention (cuDNN) 115.8 us, 119.1 against 418.5 at 512 rows, with the defaults below (the fastest of 108
 settings at 128 rows, 2026-12-03c; 52.9 and 182.8 us before the loop bounds were hoisted from the mask). The
-graph decoder uses it by default. The previous kernel here (one program
-per (row, kv head), 32-key steps, elementwise products) lost to sdpa.
+graph decoder uses it by default. The previous kernel here (one program per (row, kv head), 32-key steps,
+elementwise products) lost to sdpa.
 
 `decode_attention` is a torch custom op, so torch.compile treats it as one opaque call and a CUDA graph
 captures its launches; `decode_attention_torch` is its twin for tests and for devices without Triton.
@@ -219,17 +219,15 @@ def supports(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: 
 
 
 def _check(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor) -> None:
-    if query.dim() != 4 or key.dim() != 4:
+    q, k = query.shape, key.shape
+    if not (
+        len(q) == len(k) == 4 and q[2] == 1 and k[0] == q[0] and q[1] % k[1] == 0 and k[3] == q[3] and k == value.shape
+    ):
         raise ValueError(
-            f"decode_attention: query [R, H, 1, D] with key/value [R, H_kv, L, D]; got {tuple(query.shape)}, "
-            f"{tuple(key.shape)}"
+            f"decode_attention: query [R, H, 1, D] with key/value [R, H_kv, L, D]; got {tuple(q)}, {tuple(k)}, "
+            f"{tuple(value.shape)}"
         )
-    rows, heads, q_len, dim = query.shape
-    if q_len != 1 or key.shape[0] != rows or heads % key.shape[1] or key.shape != value.shape or key.shape[3] != dim:
-        raise ValueError(
-            f"decode_attention: query [R, H, 1, D] with key/value [R, H_kv, L, D]; got {tuple(query.shape)}, "
-            f"{tuple(key.shape)}, {tuple(value.shape)}"
-        )
+    rows, _, _, dim = q
     if mask.shape != (rows, key.shape[2]) or mask.dtype != torch.bool:
         raise ValueError(
             f"decode_attention: bool mask [R, L] = {(rows, key.shape[2])}, got {mask.dtype} {tuple(mask.shape)}"

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import importlib.util
 from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
 import torch
@@ -116,8 +116,6 @@ def attention_context(names: tuple[str, ...]) -> AbstractContextManager[None]:
 
 @contextmanager
 def _attention_choice(backends: list[Any], decode_kernel: bool) -> Iterator[None]:
-    from contextlib import nullcontext
-
     from torch.nn.attention import sdpa_kernel
 
     global _decode_kernel_on
