@@ -9,15 +9,7 @@ set -uo pipefail
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
 ROOT=$PWD
-export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
-export GRPO_TUI_CACHE_DIR=/tmp/grpo-cache
-
-if [ -d .whl ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-fi
-# grpo_kernels is the folder kernels/: expose it under its import name without installing the project.
-mkdir -p /tmp/pp && ln -sfn "$ROOT/kernels" /tmp/pp/grpo_kernels && ln -sfn "$ROOT/presets" /tmp/pp/grpo_tui_presets
-export PYTHONPATH=/tmp/pp:$ROOT:/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+source benchmarks/gpu_env.sh || exit 1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 
 GSM8K=$ROOT/.devdata/gsm8k/test.jsonl
