@@ -16,6 +16,7 @@ from benchmark_scripts import load_benchmark
 from transformers import AutoModelForCausalLM, GenerationConfig
 
 from grpo_tui.config.schema import GENERATION_BACKENDS, PresetError, validate_data
+from grpo_tui.train import generation
 from grpo_tui.train.generation import (
     Sampling,
     StaticDecoder,
@@ -161,6 +162,46 @@ def test_a_larger_rollout_moves_to_a_larger_bucket(model: torch.nn.Module) -> No
     assert decoder.state is small  # a rollout that fits reuses the bucket
     decode(decoder, model, [1], Sampling(greedy=True), PROMPTS * 3)
     assert decoder.state is not small and decoder.state.rows >= len(PROMPTS) * 3
+
+
+def test_the_cache_is_as_long_as_the_rollout_needs(model: torch.nn.Module) -> None:
+    # Every slot holds keys and values for every row: rounding the length up (to 128 before) made the graph's
+    # rollout peak heavier than generate's, whose cache grows only to what it needs
+    decoder = StaticDecoder(use_graph=False)
+    decode(decoder, model, EOS, Sampling(greedy=True))
+    width = max(map(len, PROMPTS))
+    assert decoder.state.length == width + MAX_NEW
+    assert all(layer.keys.size(2) == width + MAX_NEW for layer in decoder.state.cache.layers)
+
+
+@pytest.mark.parametrize("tokens, min_columns", [(1, 1), (1, 4), (9, 1)])
+def test_a_prefill_in_column_chunks_matches_generate(model: torch.nn.Module, monkeypatch, tokens, min_columns) -> None:
+    # The prompt goes through in chunks of columns (bounding the prefill's transient memory); each chunk writes
+    # where the last stopped, and the tokens are generate's
+    monkeypatch.setattr(generation, "PREFILL_TOKENS", tokens)
+    monkeypatch.setattr(generation, "PREFILL_MIN_COLUMNS", min_columns)
+    prefills: list[list[int]] = []  # the columns of each forward, per prefill call
+    real_prefill, real_forward = generation.prefill, generation._forward
+
+    def recording_prefill(*args):
+        prefills.append([])
+        monkeypatch.setattr(
+            generation,
+            "_forward",
+            lambda m, st, ids, *a: prefills[-1].append(ids.size(1)) or real_forward(m, st, ids, *a),
+        )
+        try:
+            return real_prefill(*args)
+        finally:
+            monkeypatch.setattr(generation, "_forward", real_forward)
+
+    monkeypatch.setattr(generation, "prefill", recording_prefill)
+    decoder = StaticDecoder(use_graph=False)
+    got = decode(decoder, model, EOS, Sampling(greedy=True))
+    assert got == reference(model, PROMPTS, EOS, do_sample=False)
+    width, columns = max(map(len, PROMPTS)), generation.prefill_columns(decoder.state.rows)
+    assert columns == max(min_columns, tokens // decoder.state.rows)
+    assert prefills[-1] == [min(columns, width - start) for start in range(0, width, columns)]
 
 
 def test_other_sampling_settings_get_a_bucket_of_their_own(model: torch.nn.Module) -> None:
@@ -379,6 +420,7 @@ def test_a_failed_compile_falls_back_to_the_plain_step_with_a_reason(model: torc
         raise RuntimeError("inductor: backend compiler failed\nlong traceback text")
 
     decoder.compiled, decoder._take = True, broken  # a compiled step that fails (no inductor run on the CPU)
+    decoder.state.cache.reset()  # capture follows a fresh bucket's one-token prefill: the cache has room
     with torch.no_grad():
         decoder._compiled_or_plain(lambda: decoder._warm_up(model))  # what capture runs first, on CUDA
     assert not decoder.compiled
@@ -442,8 +484,31 @@ def test_the_first_compile_of_a_bucket_shape_is_announced(model: torch.nn.Module
     decoder.release()  # what the trainer does after every rollout
     decode(decoder, model, EOS, Sampling(greedy=True))
     assert shapes == [(decoder.state.rows, decoder.state.length)]
-    decode(decoder, model, EOS, Sampling(greedy=True), PROMPTS * 3)  # a larger bucket: compiled again
+    decode(decoder, model, EOS, Sampling(greedy=True), [p + [5] * 7 for p in PROMPTS])  # longer: the same step
+    assert len(shapes) == 1
+    decode(decoder, model, EOS, Sampling(greedy=True), PROMPTS * 3)  # more rows: compiled again
     assert len(shapes) == 2 and shapes[1][0] >= len(PROMPTS) * 3
+
+
+def test_one_compiled_step_serves_every_cache_length(model: torch.nn.Module) -> None:
+    """The cache length is exact, so it changes with each batch's prompt width: a step compiled per length would
+    compile again at most rollouts (and dynamo stops compiling after 8). Inductor on the CPU, the eager twin."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()  # nothing compiled by earlier tests (or the other attention) is reused
+    decoder = StaticDecoder(use_graph=False, compiled=True)
+    compiled: list[int] = []  # graphs dynamo has made, after each rollout
+    lengths = set()
+    for extra in (0, 3, 10):
+        prompts = [p + [5] * extra for p in PROMPTS]
+        assert decode(decoder, model, EOS, Sampling(greedy=True), prompts) == reference(
+            model, prompts, EOS, do_sample=False
+        )
+        lengths.add(decoder.state.length)
+        decoder.release()
+        compiled.append(counters["stats"]["unique_graphs"])
+    assert len(lengths) == 3
+    assert compiled[0] > 0 and compiled == compiled[:1] * 3
 
 
 def test_decode_steps_can_be_held_to_chosen_sdpa_kernels(model: torch.nn.Module) -> None:

@@ -4,8 +4,9 @@
     static    TRL's path with transformers' built-in speed-up: `cache_implementation="static"`, and the decode
               step compiled by transformers (TRL's GRPOConfig sets `disable_compile`; this backend clears it).
               Compiles again for each new batch or prompt length.
-    graph     Ours: a static KV cache sized to a (rows, length) bucket; the token step (forward, sampling, the
-              token written) compiled by torch.compile and captured once per bucket as a CUDA graph, then
+    graph     Ours: a static KV cache sized to the rollout (rows rounded up to 8, length exactly prompt width +
+              max new tokens); the token step (forward, sampling, the token written) compiled by torch.compile
+              (once per row count: the cache length is a dynamic dimension) and captured as a CUDA graph, then
               replayed for every token. CUDA only.
     auto      graph on CUDA when nothing blocks it (the fastest measured, 128 x 256 on the H200: graph 30,779
               tokens/s with grpo_kernels' decode attention and generate 1,467 in one run,
@@ -39,75 +40,21 @@ from grpo_tui.train.decode_attention import (
     folded_heads,
     sdpa_backend_list,
 )
+from grpo_tui.train.sampling import Sampling, choose_tokens, cut_at_eos, seen_tokens
 
-# Rollouts pad their rows and cache length up to these multiples, so nearby shapes share one captured graph.
+# Rollouts pad their rows up to this multiple, so nearby batch sizes share one compiled step. The cache length
+# is not rounded: every slot is KV cache for all rows (112 KiB per row at Qwen3-0.6B's shape), and rounding it
+# up to 128 slots made the graph's rollout peak 6-10% heavier than generate's, whose cache grows to what it needs.
 ROW_MULTIPLE = 8
-LENGTH_MULTIPLE = 128
+# Prompt tokens per prefill forward (rows x columns), at least PREFILL_MIN_COLUMNS columns: the prefill's
+# activations and masked attention over the whole cache length scale with it (~106 MiB at 16 x 128 tokens on the
+# H200), and they come on top of the full static cache, where generate's prefill runs beside a prompt-sized one.
+PREFILL_TOKENS = 1024
+PREFILL_MIN_COLUMNS = 4
 # Decode steps between checks that every row has finished: each check waits for the GPU, so it is rare.
 FINISH_CHECK_EVERY = 8
 # Eager decode steps on a side stream before capture: lazy allocations and library autotuning happen there.
 WARMUP_STEPS = 3
-
-
-@dataclass(frozen=True)
-class Sampling:
-    """The token choice GRPOConfig asks of `model.generate`, in transformers' order."""
-
-    temperature: float = 1.0
-    top_k: int | None = None
-    top_p: float = 1.0
-    min_p: float | None = None
-    repetition_penalty: float = 1.0
-    greedy: bool = False
-
-    @classmethod
-    def of_trainer(cls, trainer: Any) -> Sampling:
-        return cls(trainer.temperature, trainer.top_k, trainer.top_p, trainer.min_p, trainer.repetition_penalty)
-
-
-def seen_tokens(history: torch.Tensor, vocab: int) -> torch.Tensor:
-    """[R, V + 1] bool: True where a row's `history` [R, S] holds the token (-1 = not a token, collected in column V)."""
-    seen = torch.zeros(history.size(0), vocab + 1, dtype=torch.bool, device=history.device)
-    return seen.scatter_(1, history.masked_fill(history < 0, vocab), True)
-
-
-def choose_tokens(logits: torch.Tensor, sampling: Sampling, seen: torch.Tensor | None = None) -> torch.Tensor:
-    """Next token per row from fp32 logits [R, V]; `seen` (`seen_tokens` of each row's history) feeds the repetition
-    penalty. No host sync and fixed shapes, so the graph captures it with the decode step; a draw is
-    torch.multinomial's own for one sample (an exponential race), written out because multinomial's argument
-    check may wait for the device."""
-    if sampling.repetition_penalty != 1.0 and seen is not None:
-        vocab = logits.size(-1)
-        penalised = torch.where(logits < 0, logits * sampling.repetition_penalty, logits / sampling.repetition_penalty)
-        logits = torch.where(seen[:, :vocab], penalised, logits)
-    if sampling.greedy:
-        return logits.argmax(-1)
-    if sampling.temperature != 1.0:
-        logits = logits / sampling.temperature
-    if sampling.top_k:
-        kth = torch.topk(logits, min(sampling.top_k, logits.size(-1))).values[:, -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if sampling.top_p < 1.0:
-        ordered, order = torch.sort(logits)  # ascending: the tail to drop comes first
-        drop = ordered.softmax(-1).cumsum(-1) <= 1 - sampling.top_p
-        drop[:, -1] = False  # the most likely token always stays
-        logits = logits.masked_fill(drop.scatter(1, order, drop), float("-inf"))
-    if sampling.min_p is not None:
-        probs = logits.softmax(-1)
-        low = probs < sampling.min_p * probs.amax(-1, keepdim=True)  # the top token is never below it
-        logits = logits.masked_fill(low, float("-inf"))
-    probs = logits.softmax(-1)
-    return (probs / torch.empty_like(probs).exponential_()).argmax(-1)
-
-
-def cut_at_eos(tokens: torch.Tensor, eos_ids: list[int]) -> list[list[int]]:
-    """Each row of [R, T] up to and including its first EOS (the whole row without one), as TRL keeps them."""
-    rows = []
-    eos = set(eos_ids)
-    for row in tokens.tolist():
-        end = next((i + 1 for i, token in enumerate(row) if token in eos), len(row))
-        rows.append(row[:end])
-    return rows
 
 
 @dataclass
@@ -167,17 +114,27 @@ def _forward(model: Any, state: DecodeState, ids: torch.Tensor, positions: torch
     return out.logits[:, -1].float()  # [R, V], as generate scores in fp32
 
 
+def prefill_columns(rows: int) -> int:
+    """Prompt columns per prefill forward for `rows` rows (see PREFILL_TOKENS)."""
+    return max(PREFILL_MIN_COLUMNS, PREFILL_TOKENS // max(rows, 1))
+
+
 def prefill(model: Any, state: DecodeState, ids: torch.Tensor, mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Write the left-padded prompts ids/mask [R, P] into the reset cache; the logits [R, V] after them."""
+    """Write the left-padded prompts ids/mask [R, P] into the reset cache, `prefill_columns` columns per forward
+    (the cache advances its write position by each forward's width); the logits [R, V] after the prompts."""
     width = ids.size(1)
     state.key_valid.fill_(True)
     state.key_valid[:, :width] = mask
-    query = torch.arange(width, device=ids.device)[:, None]  # [P, 1]
-    causal = state.key_index[None, :] <= query  # [P, L]
-    # A padding query sees itself, so no row is fully masked (sdpa would return NaN into the cache).
-    allowed = (causal & state.key_valid[:, None, :]) | (state.key_index[None, :] == query)  # [R, P, L]
     positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
-    logits = _forward(model, state, ids, positions, _attention_mask(state, allowed[:, None], dtype))
+    step = prefill_columns(ids.size(0))
+    for start in range(0, width, step):
+        query = torch.arange(start, min(start + step, width), device=ids.device)[:, None]  # [c, 1]
+        causal = state.key_index[None, :] <= query  # [c, L]
+        # A padding query sees itself, so no row is fully masked (sdpa would return NaN into the cache).
+        allowed = (causal & state.key_valid[:, None, :]) | (state.key_index[None, :] == query)  # [R, c, L]
+        columns = slice(start, start + step)
+        mask_map = _attention_mask(state, allowed[:, None], dtype)
+        logits = _forward(model, state, ids[:, columns], positions[:, columns], mask_map)
     state.positions.copy_(positions[:, -1:] + 1)
     state.cache_index.fill_(width)
     return logits
@@ -209,6 +166,19 @@ def decode_step(model: Any, state: DecodeState, dtype: torch.dtype) -> torch.Ten
     state.positions.add_(1)
     state.cache_index.add_(1)
     return logits
+
+
+def length_is_dynamic(state: DecodeState) -> None:
+    """Mark the cache-length dimension of the step's tensors dynamic for torch.compile: one compiled step then
+    serves every cache length (each new exact length would otherwise compile again, ~35 s on the H200)."""
+    mark = torch._dynamo.maybe_mark_dynamic
+    mark(state.key_valid, 1)
+    mark(state.key_index, 0)
+    mark(state.out, 1)
+    for layer in getattr(state.cache, "layers", ()):  # transformers' StaticLayer: keys/values [R, H, L, D]
+        for name in ("keys", "values"):
+            if isinstance(getattr(layer, name, None), torch.Tensor):
+                mark(getattr(layer, name), 2)
 
 
 def _round_up(value: int, multiple: int) -> int:
@@ -251,6 +221,9 @@ class StaticDecoder:
         self._model_id: int | None = None
         self._graph: Any = None
         self._recipe: tuple | None = None  # (Sampling, eos ids, pad id) the bucket's graph samples with
+        # The stream of every warm-up and capture: each new stream gets its own cuBLAS workspace, kept for the
+        # life of the process, and a fresh one per rollout would add one per capture (up to torch's pool of 32).
+        self._stream: Any = None
         self._dtype = torch.float32
 
     def generate(
@@ -326,7 +299,8 @@ class StaticDecoder:
 
         self.release()
         sampling, eos_ids, pad_id = recipe
-        rows, length = _round_up(rows, ROW_MULTIPLE), _round_up(length, LENGTH_MULTIPLE)
+        # Room for the one-token prefill below and the warm-up steps before a capture
+        rows, length = _round_up(rows, ROW_MULTIPLE), max(length, WARMUP_STEPS + 2)
         config = model.config
         self._dtype = next(model.parameters()).dtype
         self.state = state = DecodeState(
@@ -351,8 +325,10 @@ class StaticDecoder:
         logits = prefill(model, state, state.tokens, one, self._dtype)
         if sampling.repetition_penalty != 1.0:
             state.seen = torch.zeros((rows, logits.size(-1) + 1), dtype=torch.bool, device=device)
+        if self.compiled:
+            length_is_dynamic(state)
         if self.use_graph:
-            shape = (rows, length, recipe)
+            shape = (rows, recipe)
             if self.compiled and shape not in self._compiled_shapes and self._on_compile_start is not None:
                 self._on_compile_start(rows, length)
             self._compiled_shapes.add(shape)
@@ -377,13 +353,15 @@ class StaticDecoder:
 
     def _captured(self, model: Any) -> Any:
         """Warm-up steps on a side stream (lazy allocations, autotuning, compiling), then the captured step."""
-        side = torch.cuda.Stream()
+        if self._stream is None:
+            self._stream = torch.cuda.Stream()
+        side = self._stream
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             self._warm_up(model)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        with torch.cuda.graph(graph, stream=side):
             self._take(model, self.state, self._dtype)
         return graph
 
