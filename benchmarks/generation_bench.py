@@ -6,9 +6,8 @@
 Model: builtin:qwen3-0.6b-shape (the Qwen3-0.6B config, random weights) in bf16, sdpa. Prompts: GSM8K
 questions when --data is given, else synthetic token runs of 64..192 tokens.
 
-Throughput: for each batch size, 256 new tokens per completion with EOS ignored (generate:
-min_new_tokens; graph: no stop ids), so tokens/s compares equal work. Each shape runs twice: the first
-call (compile / capture / warm-up; 8 tokens for generate) and the timed second one are both reported.
+Throughput: for each batch size, 256 new tokens per completion with EOS ignored, so tokens/s compares equal
+work; the first call (compile / capture / warm-up; 8 tokens for generate) and the timed second one reported.
 
 Sampling check (temperature 1.0, top_k 0, top_p 1.0, as GRPOConfig's defaults): >= 512 completions per
 backend, then the mean log-prob of the sampled tokens, scored by one teacher-forced forward, and the
@@ -188,10 +187,9 @@ def measure(
         torch.cuda.empty_cache()
     held = torch.cuda.memory_allocated() if cuda else 0
     times, peaks = [], []
-    # First call: compile / capture / allocator warm-up; the second is timed. generate compiles nothing,
-    # so its first call is 8 tokens (the budget goes to the timed run); static and graph key their
-    # compiled shapes on the cache length, so theirs is the full length. Each call's peak is its own: the
-    # first one's includes compiling (inductor's autotuning buffers), the timed one's is the rollout's.
+    # First call: compile / capture / allocator warm-up; the second is timed. generate compiles nothing, so
+    # its first call is 8 tokens; static compiles per cache length, so the others' is the full length. Each
+    # call's peak is its own: the first one's includes compiling, the timed one's is the rollout's.
     for tokens in (min(8, new_tokens) if backend.name == "generate" else new_tokens, new_tokens):
         sync(device)
         if cuda:
@@ -218,13 +216,16 @@ def profile_rollout(
 ) -> Path:
     """One more rollout of `prompts` under torch.profiler (after the timed one: nothing left to compile);
     its operator tables go to OUT/profile-<backend>-<rows>.txt, and on CUDA the allocations live at its
-    memory peak to OUT/peak-<backend>-<rows>.txt."""
+    memory peak to OUT/peak-<backend>-<rows>.txt. The bucket is released first, as the trainer releases it
+    after each rollout, so this rollout allocates its cache and captures inside the block: the peak file
+    accounts for all of a training rollout's memory, not only its transients."""
     from grpo_tui.train.profiling import peak_allocations, profiled
 
     path = out / f"profile-{backend.name.replace('@', '_at_')}-{len(prompts)}.txt"
     out.mkdir(parents=True, exist_ok=True)
     title = f"one rollout, {backend.name}, {len(prompts)} x {new_tokens} tokens"
     peak = out / f"peak-{path.stem.removeprefix('profile-')}.txt"  # CUDA: what is live at the rollout's peak
+    backend.release()
     with profiled(path, device.type == "cuda", title), torch.no_grad():
         with peak_allocations(peak) if device.type == "cuda" else contextlib.nullcontext():
             backend.run(prompts, new_tokens, stop_ids, ignore_eos=True)
@@ -292,6 +293,8 @@ def main(argv: list[str] | None = None) -> int:
     vocab = model.config.vocab_size
     stop_ids = torch.randperm(vocab, generator=torch.Generator().manual_seed(1))[: max(1, int(vocab * STOP_FRACTION))]
     bandwidth = copy_bandwidth(device, 64 if args.tiny else 2048)
+    with torch.no_grad():  # the default stream's cuBLAS workspace, which a trainer's forwards made long before
+        model(input_ids=torch.tensor([prompts[0]], device=device))
     result: dict[str, Any] = {
         "what": "issue 13: rollout tokens/s per grpo.generation_backend, sampling check, bandwidth bound",
         "command": " ".join(

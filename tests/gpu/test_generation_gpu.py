@@ -126,3 +126,22 @@ def test_training_on_cuda_uses_the_graph(tiny_model_path: Path, tmp_path: Path) 
     assert not [e for e in events if e["event"] == "generation_fallback"]
     assert all(s["generation/backend"] == "graph" and s["generation/tokens_per_s"] > 0 for s in steps)
     assert all(s["completions/mean_length"] > 0 for s in steps)
+
+
+def test_one_compiled_captured_step_serves_every_cache_length(tiny_model_path: Path) -> None:
+    """The cache is as long as each rollout needs: prompts of other widths capture again but do not compile
+    again (the length is a dynamic dimension of the compiled step), and the tokens stay generate's."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    model = load(tiny_model_path, torch.float32)
+    decoder = StaticDecoder(use_graph=True, compiled=True)
+    compiled: list[int] = []  # graphs dynamo has made, after each rollout
+    for extra in (0, 3, 10):
+        prompts = [p + [5] * extra for p in PROMPTS]
+        assert graph_decode(decoder, model, prompts, [1]) == reference(model, prompts, [1], do_sample=False)
+        assert decoder.state.length == max(map(len, prompts)) + MAX_NEW
+        decoder.release()  # as the trainer does after each rollout
+        compiled.append(counters["stats"]["unique_graphs"])
+    assert decoder.compiled and decoder.captures == 3
+    assert compiled[0] > 0 and compiled == compiled[:1] * 3
