@@ -29,11 +29,15 @@ except ImportError:  # pragma: no cover - Triton ships with torch on Linux
 
 # Read once at import, as Triton itself does when it decorates the kernels below
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
-# Vocabulary columns per program of `row_stats` (a multiple of its block); one step per program streams
-# best (measured on an H200: 16384-column segments in 2048-wide steps reached only 1.4 TB/s)
+# Vocabulary columns per program of `row_stats` (a multiple of its block); one step per program streamed best
+# when each step ended in three block reductions (on an H200, 16384-column segments in 2048-wide steps reached
+# only 1.4 TB/s); the lanes' steps now have none, so longer segments are worth timing again
 STATS_SEGMENT = 4096
 # Columns per loop step of `row_stats`
 STATS_BLOCK = 4096
+# Raw logits below it (-inf) and masked columns enter `row_stats` as it: its exp against any real logit is exactly
+# 0, where -inf would give NaN (inf * 0, -inf + inf), and differences from it times a segment's count stay finite
+LOGIT_FLOOR = -1e30
 # Columns per program of `logits_to_grad`
 GRAD_BLOCK = 4096
 # "torch" or "triton" pins a backend (tests); None: Triton on CUDA, the torch twins elsewhere. On CPU the
@@ -66,6 +70,13 @@ def _jit(*, loose: tuple[str, ...] | str = (), loose_ints: tuple[str, ...] = ())
     return wrap
 
 
+@_jit()
+def _load_floored(ptrs, mask, FLOOR: tl.constexpr):
+    # [BLOCK] raw logits in fp32, masked columns and -inf at FLOOR; NaN stays NaN and reaches the row's stats
+    z = tl.load(ptrs, mask=mask, other=-float("inf")).to(tl.float32)
+    return tl.maximum(z, FLOOR, propagate_nan=tl.PropagateNan.ALL)
+
+
 @_jit(loose=("targets_ptr", "part_max_ptr", "part_sum_ptr", "part_xsum_ptr", "target_logit_ptr"))
 def _row_stats_kernel(
     logits_ptr,
@@ -80,55 +91,62 @@ def _row_stats_kernel(
     inv_t,
     SEG: tl.constexpr,
     BLOCK: tl.constexpr,
+    FLOOR: tl.constexpr,
 ):
-    # One program per (row, vocab segment): online max / sum-exp / sum exp*(z - max) over the segment
+    # One program per (row, vocab segment). Each of the BLOCK lanes keeps, over the raw logits z it sees, its max
+    # m, s = sum e and x = sum e * (z - m) with e = exp((z - m) / T): the loop's steps need one exp per column and
+    # no cross-lane reduction; the lanes are folded once at the end. exp(y / T) = exp2(y * c), c = log2(e) / T:
+    # the one multiply per column that 1/T costs anyway. A lane starts with one column (s = 1, x = 0); columns at
+    # FLOOR (masked, -inf) add exp2((FLOOR - m) * c) = 0 exactly, where -inf would give inf * 0 = NaN.
     row = tl.program_id(0).to(tl.int64)
     seg = tl.program_id(1)
     inv_t = tl.cast(inv_t, tl.float32)
+    c = inv_t * 1.4426950408889634  # log2(e) / T
     row_ptr = logits_ptr + row * stride
     seg_start = seg * SEG
     seg_end = tl.minimum(seg_start + SEG, n_cols)
-    m = tl.full((), -float("inf"), tl.float32)
-    s = tl.full((), 0.0, tl.float32)
-    xs = tl.full((), 0.0, tl.float32)
-    # Every step has at least one valid column, so each step's max is finite
-    for start in range(seg_start, seg_end, BLOCK):
-        cols = start + tl.arange(0, BLOCK)
-        valid = cols < seg_end
-        z = tl.load(row_ptr + cols, mask=valid, other=0.0).to(tl.float32) * inv_t
-        new_m = tl.maximum(m, tl.max(tl.where(valid, z, -float("inf")), axis=0))
-        d = tl.where(valid, z - new_m, 0.0)
-        e = tl.where(valid, tl.exp(d), 0.0)
-        alpha = tl.exp(m - new_m)
-        # xs is kept relative to the running max so large logit offsets do not cancel in the entropy
-        shift = tl.where(s > 0, m - new_m, 0.0) * s
-        xs = alpha * (xs + shift) + tl.sum(e * d, axis=0)
-        s = alpha * s + tl.sum(e, axis=0)
-        m = new_m
+    cols = seg_start + tl.arange(0, BLOCK)
+    m = _load_floored(row_ptr + cols, cols < seg_end, FLOOR)  # [BLOCK]
+    s = tl.full((BLOCK,), 1.0, tl.float32)
+    x = tl.zeros((BLOCK,), tl.float32)
+    if SEG > BLOCK:  # compile-time: one-step segments have no loop, and s = 1, x = 0 fold into the sums below
+        for start in range(seg_start + BLOCK, seg_end, BLOCK):
+            cols = start + tl.arange(0, BLOCK)
+            z = _load_floored(row_ptr + cols, cols < seg_end, FLOOR)
+            d = z - m
+            e = tl.exp2(-tl.abs(d) * c)
+            up = d > 0  # z is the lane's new max: its old sums scale by e, and x shifts by -d per column
+            x = tl.where(up, e * (x - d * s), x + e * d)
+            s = tl.where(up, e * s + 1.0, s + e)
+            m = tl.maximum(m, z)
+    top = tl.max(m, axis=0)
+    d = m - top
+    a = tl.exp2(d * c)
+    sum_exp, sum_xexp = tl.split(tl.sum(tl.join(a * s, a * (x + d * s)), axis=0))  # one tree for both sums
     out = row * n_seg + seg
-    tl.store(part_max_ptr + out, m)
-    tl.store(part_sum_ptr + out, s)
-    tl.store(part_xsum_ptr + out, xs)
+    tl.store(part_max_ptr + out, top * inv_t)
+    tl.store(part_sum_ptr + out, sum_exp)
+    tl.store(part_xsum_ptr + out, sum_xexp * inv_t)
     target = tl.load(targets_ptr + row)
     if (target >= seg_start) & (target < seg_end):
         tl.store(target_logit_ptr + row, tl.load(row_ptr + target).to(tl.float32) * inv_t)
 
 
 if HAS_TRITON and not INTERPRET:
-    # Warps per program tuned once per vocabulary width: with 8 warps the pass streamed at ~2.1 TB/s on an
-    # H200 where the in-place gradient pass reaches ~3.8 TB/s (its three block reductions cost more)
+    # Warps per program tuned once per vocabulary width: the best count moved with each change of the kernel
+    # (8 warps were best when it did three block reductions per step and streamed at ~2.1 TB/s on an H200)
     _row_stats_tuned = triton.autotune(configs=[triton.Config({}, num_warps=w) for w in (2, 4, 8, 16)], key=["n_cols"])(
         _row_stats_kernel
     )
 
 
 def _row_stats_torch(
-    logits, stride, targets, part_max, part_sum, part_xsum, target_logit, n_cols, n_seg, inv_t, SEG, BLOCK
+    logits, stride, targets, part_max, part_sum, part_xsum, target_logit, n_cols, n_seg, inv_t, SEG, BLOCK, FLOOR
 ):
     # `_row_stats_kernel` in torch: each segment at once instead of BLOCK-wide steps
     del stride, BLOCK
     for seg in range(n_seg):
-        z = logits[:, seg * SEG : min((seg + 1) * SEG, n_cols)].to(part_max.dtype) * inv_t
+        z = logits[:, seg * SEG : min((seg + 1) * SEG, n_cols)].to(part_max.dtype).clamp(min=FLOOR) * inv_t
         m = z.amax(-1)
         d = z - m.unsqueeze(-1)
         e = torch.exp(d)
@@ -247,32 +265,10 @@ def combine_stats(
     return target_logit - lse, log_s - xs / s, lse
 
 
-def _finish_rows_torch(
-    part_max,
-    part_sum,
-    part_xsum,
-    target_logit,
-    n_rows,
-    n_seg,
-    logp,
-    ent,
-    lse,
-    grad,
-    old,
-    ref,
-    adv,
-    w,
-    beta,
-    lo,
-    hi,
-    HAS_GRAD,
-    HAS_OLD,
-    HAS_REF,
-    ROWS,
-    SEGS,
-):
-    # `_finish_rows_kernel` in torch, sharing the loss math's closed-form gradient
-    del n_rows, n_seg, ROWS, SEGS
+def _finish_rows_torch(*args, HAS_GRAD, HAS_OLD, HAS_REF, ROWS, SEGS):
+    # `_finish_rows_kernel` in torch (its positional arguments), sharing the loss math's closed-form gradient
+    part_max, part_sum, part_xsum, target_logit, _, _, logp, ent, lse, grad, old, ref, adv, w, beta, lo, hi = args
+    del ROWS, SEGS
     out = combine_stats(part_max, part_sum, part_xsum, target_logit)
     for dst, src in zip((logp, ent, lse), out):
         dst.copy_(src)
@@ -309,12 +305,13 @@ def row_stats(logits: torch.Tensor, targets: torch.Tensor, inv_t: float) -> tupl
     parts = torch.empty((3, n, n_seg), device=logits.device, dtype=stats_dtype)
     target_logit = torch.empty((n,), device=logits.device, dtype=stats_dtype)
     args = (logits, logits.stride(0), targets, parts[0], parts[1], parts[2], target_logit, n_cols, n_seg, inv_t)
+    shape = dict(SEG=seg, BLOCK=block, FLOOR=LOGIT_FLOOR)
     if not use_triton(logits.device):
-        _row_stats_torch(*args, SEG=seg, BLOCK=block)
+        _row_stats_torch(*args, **shape)
     elif INTERPRET:
-        _row_stats_kernel[(n, n_seg)](*args, SEG=seg, BLOCK=block)
+        _row_stats_kernel[(n, n_seg)](*args, **shape)
     else:
-        _row_stats_tuned[(n, n_seg)](*args, SEG=seg, BLOCK=block)
+        _row_stats_tuned[(n, n_seg)](*args, **shape)
     return parts, target_logit
 
 

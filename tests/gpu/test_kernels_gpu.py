@@ -152,6 +152,38 @@ def test_triton_stats_match_torch_twin():
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("segment,block", [(4096, 4096), (16384, 2048)])
+def test_row_stats_lanes_compiled(monkeypatch, dtype, segment, block):
+    # The compiled kernel on rows that stress its lanes (tests/kernels/test_row_stats.py runs the interpreter):
+    # one-step segments (the default) and four-step ones; -inf weighs 0 (a whole segment of it too), a 1e4 offset
+    # does not cancel in the entropy, a late max, the max in the last partial step, NaN stays NaN
+    monkeypatch.setattr(triton_ops, "STATS_SEGMENT", segment)
+    monkeypatch.setattr(triton_ops, "STATS_BLOCK", block)
+    V = 151936  # 37 * 4096 + 384
+    g = torch.Generator(device="cuda").manual_seed(5)
+    z = torch.randn(6, V, device="cuda", generator=g, dtype=torch.float64) * 3
+    z[1] += torch.arange(V, device="cuda") * 1e-4
+    z[2] += 1e4
+    z[3, 16384:49152] = -torch.inf
+    z[3, ::7] = -torch.inf
+    z[4, -1] = 40.0
+    z[5, 123] = torch.nan
+    logits = z.to(dtype)
+    ids = torch.full((6,), 1, device="cuda")
+    lp, ent, lse = (t.double() for t in triton_ops.logprob_stats(logits, ids, 1.0))
+    zr = logits.double()
+    ref_lse = torch.logsumexp(zr, -1)
+    logp_all = zr - ref_lse[:, None]
+    ref_ent = -torch.where(logp_all > -torch.inf, logp_all.exp() * logp_all, 0.0).sum(-1)
+    ok = slice(0, 5)
+    tol = 1e-4 + 2e-7 * ref_lse[ok].abs()
+    assert ((lse[ok] - ref_lse[ok]).abs() <= tol).all(), (lse - ref_lse).abs()
+    assert ((lp[ok] - logp_all[ok, 1]).abs() <= tol).all(), (lp - logp_all[:, 1]).abs()
+    assert ((ent[ok] - ref_ent[ok]).abs() <= 1e-4).all(), (ent - ref_ent).abs()
+    assert lse[5].isnan() and ent[5].isnan()
+
+
 def test_selective_logprobs_bf16():
     inp = _inputs(2, 100, 512, 50257, torch.bfloat16)
     lp, ent = selective_logprobs(inp["hidden"].bfloat16(), inp["weight"].bfloat16(), inp["ids"], return_entropy=True)
