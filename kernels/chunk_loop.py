@@ -27,8 +27,9 @@ def chunk_loop(hidden2d, weight, bias, ids, chunks, *, inv_t, token_grad, seq_gr
     """Run the chunks; returns (logps, entropies, grad_hidden, grad_weight, grad_bias), all over N rows.
 
     grad_weight and grad_bias come back in their accumulators' dtypes (fp32 for bf16/fp16 weights unless
-    lean): the caller converts them with `in_weight_dtype` once this frame, and with it every view of the
-    chunk buffers, is gone, so that the weight-sized copy never coexists with the [C, V] buffer.
+    lean): the loss's backward writes them, scaled by grad_output, into the leaves' dtypes in one pass, long
+    after this frame and every view of the chunk buffers are gone, so the weight-sized result never coexists
+    with the [C, V] buffer.
 
     hidden2d: [N, H]; ids: [N]; chunks: from `rows.plan_chunks`. Rows in no chunk are skipped: their
     log-prob and entropy stay 0 and their rows of grad_hidden exactly 0.
@@ -86,9 +87,3 @@ def chunk_loop(hidden2d, weight, bias, ids, chunks, *, inv_t, token_grad, seq_gr
             # dH after dW: the gathered rows h_c are read, so their buffer holds dH_c until the scatter
             scatter_rows(gh, chunk.rows, torch.mm(tile, weight, out=hbuf[: chunk.size]))  # [n, H]
     return logps, entropies, gh, gw, gb
-
-
-def in_weight_dtype(grad: torch.Tensor | None, weight: torch.Tensor) -> torch.Tensor | None:
-    # The fp32 accumulator of dW (or db) in the weight's dtype: a new weight-sized tensor, made after the
-    # chunk loop returned so that it never shares the peak with the chunk buffer (+297 MiB at V = 152k)
-    return grad if grad is None or grad.dtype == weight.dtype else grad.to(weight.dtype)

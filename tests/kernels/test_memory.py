@@ -1,10 +1,11 @@
 """Which buffers are alive together: the peak memory of a call, checked on CPU without a GPU allocator.
 
-The loss path's peak is the fp32 dW accumulator plus the [C, V] chunk buffer. At the end of a call the
-accumulator is copied to the weight's dtype (a weight-sized tensor); if the chunk buffer were still alive then
-(a view of it outliving `del buf`, as on d774db5), the peak would grow by that copy: +297 MiB at V = 151,936,
-H = 1,024 in bf16. The tests look at every live tensor at the moment of that copy (`gc` sees each tensor and
-each view; a view keeps its base's storage alive), and count the scoring path's chunk rows by budget.
+The loss path's peak is the fp32 dW accumulator plus the [C, V] chunk buffer. The loss's backward writes the
+accumulator, scaled by grad_output, into the weight's dtype (a weight-sized tensor); if the chunk buffer were
+still alive then (a view of it outliving the chunk loop, as on d774db5 for the copy that then ended the forward),
+the peak would grow by that tensor: +297 MiB at V = 151,936, H = 1,024 in bf16. The tests look at every live
+tensor at the moment of that write (`gc` sees each tensor and each view; a view keeps its base's storage alive),
+and count the scoring path's chunk rows by budget.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ def _live_storages() -> dict[int, int]:
 
 
 @pytest.mark.parametrize("mask_kind", ["all", "padded"])
-def test_chunk_buffer_freed_before_the_dw_copy(monkeypatch, mask_kind):
+def test_chunk_buffer_freed_before_the_dw_write(monkeypatch, mask_kind):
     g = torch.Generator().manual_seed(0)
     hidden = torch.randn(B, T, H, generator=g).bfloat16().requires_grad_()
     weight = (torch.randn(V, H, generator=g) * 0.1).bfloat16().requires_grad_()
@@ -45,24 +46,29 @@ def test_chunk_buffer_freed_before_the_dw_copy(monkeypatch, mask_kind):
     if mask_kind == "padded":
         mask[:, T // 2 :] = 0  # the gathering path: a hidden-row buffer beside the chunk buffer
     seen = []
-    to = torch.Tensor.to
+    mul = torch.mul
 
-    def spy(self, *args, **kwargs):
-        # The copy of the fp32 dW accumulator to bf16: what else is alive right now?
-        if self.shape == weight.shape and self.dtype == torch.float32 and torch.bfloat16 in (*args, *kwargs.values()):
+    def spy(*args, out=None, **kwargs):
+        # The fp32 dW accumulator written to bf16 (scaled by grad_output): what else is alive right now?
+        if (
+            out is not None
+            and out.shape == weight.shape
+            and out.dtype == torch.bfloat16
+            and args[0].dtype == torch.float32
+        ):
             seen.append(_live_storages())
-        return to(self, *args, **kwargs)
+        return mul(*args, out=out, **kwargs)
 
     before = set(_live_storages())  # what other tests left alive is not the call's
-    monkeypatch.setattr(torch.Tensor, "to", spy)
+    monkeypatch.setattr(torch, "mul", spy)
     loss, _ = fused_linear_grpo_loss(hidden, weight, ids, mask, torch.randn(B, generator=g), chunk_tokens=CHUNK)
-    monkeypatch.undo()
     loss.backward()
-    assert len(seen) == 1, "the dW copy to bf16 was not seen: the test no longer watches the end of the call"
+    monkeypatch.undo()
+    assert len(seen) == 1, "the dW write to bf16 was not seen: the test no longer watches the backward"
     chunk_bytes = CHUNK * V * 2
     alive = sorted(n for ptr, n in seen[0].items() if n >= chunk_bytes and ptr not in before)
     # Only the fp32 accumulator (V x H x 4) may be that large: no chunk buffer, no second weight-sized tensor
-    assert alive == [V * H * 4], f"alive at the dW copy: {alive} bytes (chunk buffer {chunk_bytes})"
+    assert alive == [V * H * 4], f"alive at the dW write: {alive} bytes (chunk buffer {chunk_bytes})"
 
 
 def test_scoring_chunk_is_sized_by_its_own_budget():

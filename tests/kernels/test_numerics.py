@@ -149,6 +149,48 @@ def test_backward_scales_by_grad_output_and_lean_matches(make_inputs):
     torch.testing.assert_close(w.grad.double(), -2.5 * grads1[1])
 
 
+def test_bf16_backward_rounds_the_scaled_accumulator_once(monkeypatch, make_inputs):
+    # bf16 leaves: backward writes grad_output * the fp32 dW / db accumulators to bf16 (one rounding, bit for
+    # bit), scales hidden's bf16 gradient in place, and the result is the reference gradient scaled
+    from grpo_kernels import functional
+
+    inp = make_inputs(V=41, off_policy=True)
+    kept, chunk_loop = {}, functional.chunk_loop
+
+    def keep(*args, **kwargs):
+        out = chunk_loop(*args, **kwargs)
+        kept.update(zip(("gh", "gw", "gb"), (t.clone() for t in out[2:])))
+        return out
+
+    monkeypatch.setattr(functional, "chunk_loop", keep)
+    rounded = {**inp, **{k: inp[k].bfloat16().double() for k in ("hidden", "weight", "bias")}}
+    _, ref_grads, _ = run(reference_grpo_loss, rounded, torch.float64, logits_dtype=torch.bfloat16)
+    for scale in (1.0, 3.0):
+        h, w, b = (inp[k].bfloat16().requires_grad_() for k in ("hidden", "weight", "bias"))
+        loss, _ = fused_linear_grpo_loss(
+            h, w, inp["ids"], inp["mask"], inp["adv"].float(), bias=b, old_logps=inp["old"].float(), chunk_tokens=7
+        )
+        (loss * scale).backward()
+        assert kept["gw"].dtype == kept["gb"].dtype == torch.float32
+        assert torch.equal(w.grad, (kept["gw"] * scale).bfloat16())
+        assert torch.equal(b.grad, (kept["gb"] * scale).bfloat16())
+        assert torch.equal(h.grad.view_as(kept["gh"]), kept["gh"] * torch.tensor(scale, dtype=torch.bfloat16))
+        for g, r in zip((h.grad, w.grad, b.grad), ref_grads):
+            r = r * scale
+            assert F.cosine_similarity(g.double().flatten(), r.flatten(), dim=0) >= FP16_GRAD_COS
+            torch.testing.assert_close(g.double().norm(), r.norm(), rtol=1e-2, atol=0)
+
+
+def test_second_backward_is_a_one_line_error(make_inputs):
+    inp = make_inputs(V=41)
+    h, w = (inp[k].bfloat16().requires_grad_() for k in ("hidden", "weight"))
+    loss, _ = fused_linear_grpo_loss(h, w, inp["ids"], inp["mask"], inp["adv"].float())
+    loss.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="backward can run only once") as error:
+        loss.backward()
+    assert "\n" not in str(error.value)
+
+
 def test_no_grad_gives_loss_without_graph(make_inputs):
     inp = make_inputs(V=41)
     with torch.no_grad():
