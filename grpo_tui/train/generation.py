@@ -46,11 +46,13 @@ from grpo_tui.train.sampling import Sampling, choose_tokens, cut_at_eos, seen_to
 # is not rounded: every slot is KV cache for all rows (112 KiB per row at Qwen3-0.6B's shape), and rounding it
 # up to 128 slots made the graph's rollout peak 6-10% heavier than generate's, whose cache grows to what it needs.
 ROW_MULTIPLE = 8
-# Prompt tokens per prefill forward (rows x columns), at least PREFILL_MIN_COLUMNS columns: the prefill's
-# activations and masked attention over the whole cache length scale with it (~106 MiB at 16 x 128 tokens on the
-# H200), and they come on top of the full static cache, where generate's prefill runs beside a prompt-sized one.
+# Prompt tokens per prefill forward (rows x columns), at least PREFILL_MIN_COLUMNS columns. The prefill's
+# activations scale with it and come on top of the full static cache (where generate's prefill runs beside a
+# prompt-sized one): ~106 MiB at 16 x 128 tokens on the H200. But each forward is ~1,700 eager kernel launches:
+# 1,024-token chunks at 128 rows (32 forwards) made a 128 x 256 rollout 0.7 s slower, host-bound. 32 columns
+# (~1.7 MB a row at ~53 KiB a token) stay below the decode step's logits and sampling buffers (~2.3 MB a row).
 PREFILL_TOKENS = 1024
-PREFILL_MIN_COLUMNS = 4
+PREFILL_MIN_COLUMNS = 32
 # Decode steps between checks that every row has finished: each check waits for the GPU, so it is rare.
 FINISH_CHECK_EVERY = 8
 # Eager decode steps on a side stream before capture: lazy allocations and library autotuning happen there.
