@@ -47,12 +47,13 @@ from grpo_tui.train.sampling import Sampling, choose_tokens, cut_at_eos, seen_to
 # up to 128 slots made the graph's rollout peak 6-10% heavier than generate's, whose cache grows to what it needs.
 ROW_MULTIPLE = 8
 # Prompt tokens per prefill forward (rows x columns), at least PREFILL_MIN_COLUMNS columns. The prefill's
-# activations scale with it and come on top of the full static cache (where generate's prefill runs beside a
-# prompt-sized one): ~106 MiB at 16 x 128 tokens on the H200. But each forward is ~1,700 eager kernel launches:
-# 1,024-token chunks at 128 rows (32 forwards) made a 128 x 256 rollout 0.7 s slower, host-bound. 32 columns
-# (~1.7 MB a row at ~53 KiB a token) stay below the decode step's logits and sampling buffers (~2.3 MB a row).
+# activations (~53 KiB a token on the H200) scale with it and come on top of the full static cache, where
+# generate's prefill runs beside a prompt-sized one: one forward of 16 x 128 tokens put the graph's rollout peak
+# above generate's. But each forward is ~1,700 eager kernel launches (~25 ms of host time): 1,024-token chunks
+# at 128 rows (32 forwards) made a 128 x 256 rollout 0.7 s slower, 32-column chunks (8) 0.25 s. 64 columns
+# (4 forwards for 256-token prompts) stay below the ~8 KiB a row and slot that generate's repeat_kv copies.
 PREFILL_TOKENS = 1024
-PREFILL_MIN_COLUMNS = 32
+PREFILL_MIN_COLUMNS = 64
 # Decode steps between checks that every row has finished: each check waits for the GPU, so it is rare.
 FINISH_CHECK_EVERY = 8
 # Eager decode steps on a side stream before capture: lazy allocations and library autotuning happen there.
