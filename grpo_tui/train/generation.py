@@ -8,9 +8,9 @@
               max new tokens); the token step (forward, sampling, the token written) compiled by torch.compile
               (once per row count: the cache length is a dynamic dimension) and captured as a CUDA graph, then
               replayed for every token. CUDA only.
-    auto      graph on CUDA when nothing blocks it (the fastest measured, 128 x 256 on the H200: graph 30,779
-              tokens/s with grpo_kernels' decode attention and generate 1,467 in one run,
-              benchmarks/results/h200-2026-12-03c/; static 8,165, generation-h200-unfolded.json), else generate.
+    auto      graph on CUDA when nothing blocks it (the fastest measured, 128 x 256 on the H200: graph 29,992
+              tokens/s with grpo_kernels' decode attention and generate 1,707 in one run,
+              benchmarks/results/h200-2026-12-03d/; static 8,165, generation-h200-unfolded.json), else generate.
 
 After each rollout the bucket (KV cache and graph pool) is released, so the loss phase does not carry the
 cache: capturing again costs a few decode steps per rollout, keeping it cost the whole step ~10 GiB of peak.
@@ -44,7 +44,8 @@ from grpo_tui.train.sampling import Sampling, choose_tokens, cut_at_eos, seen_to
 
 # Rollouts pad their rows up to this multiple, so nearby batch sizes share one compiled step. The cache length
 # is not rounded: every slot is KV cache for all rows (112 KiB per row at Qwen3-0.6B's shape), and rounding it
-# up to 128 slots made the graph's rollout peak 6-10% heavier than generate's, whose cache grows to what it needs.
+# up to 128 slots made the graph's rollout peak 6-10% heavier than generate's, whose cache grows to what it needs
+# (exact: 2-4% lighter in training runs on the H200, benchmarks/results/h200-2026-12-03d/).
 ROW_MULTIPLE = 8
 # Prompt tokens per prefill forward (rows x columns), at least PREFILL_MIN_COLUMNS columns. The prefill's
 # activations (~53 KiB a token on the H200) scale with it and come on top of the full static cache, where
@@ -213,11 +214,11 @@ class StaticDecoder:
         self._sdpa = DEFAULT_DECODE_ATTENTION if sdpa_backends is None else tuple(sdpa_backends)
         sdpa_backend_list(self._sdpa)
         # torch.compile's fused kernels for the token step (the graph captures them as they are): ~1.5x the
-        # tokens/s of the plain graph on the H200, for ~35 s of compiling per bucket shape and process.
+        # tokens/s of the plain graph on the H200, for ~35 s of compiling per row count and process.
         self.compiled = compiled
         self._take = torch.compile(decode_and_take, dynamic=False) if compiled else decode_and_take
         self._on_compile_failure, self._on_kernel_failure = on_compile_failure, on_kernel_failure
-        self._on_compile_start = on_compile_start  # (rows, length): a bucket shape compiled for the first time
+        self._on_compile_start = on_compile_start  # (rows, length): a row count compiled for the first time
         self._compiled_shapes: set[tuple] = set()
         self.state: DecodeState | None = None
         self.captures = 0  # graphs captured so far (tests and the benchmark read it)
