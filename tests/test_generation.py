@@ -475,7 +475,8 @@ def test_vllm_sets_trls_colocated_vllm_path(tmp_path: Path, backend: str, use_vl
 
 
 def test_the_first_compile_of_a_bucket_shape_is_announced(model: torch.nn.Module, monkeypatch) -> None:
-    """Compiling takes ~35 s on the first rollout: the log says so once per shape, not at every rollout's capture."""
+    """Compiling takes ~35 s on the first rollout: the log says so once per row count, not at every rollout's capture
+    nor at each new cache length."""
     shapes: list[tuple[int, int]] = []
     decoder = StaticDecoder(use_graph=True, compiled=True, on_compile_start=lambda *shape: shapes.append(shape))
     monkeypatch.setattr(decoder, "_capture", lambda model: None)  # no CUDA here: the step runs eagerly

@@ -80,8 +80,8 @@ class Rollouts:
     def _compiling(self, rows: int, length: int) -> None:
         # The first rollout's half minute would otherwise look like a hang.
         self._say(
-            f"graph decoder: compiling the token step for {rows} rows x {length} positions "
-            "(once per shape; ~35 s on an H200 the first time, cached on disk for later runs)"
+            f"graph decoder: compiling the token step for {rows} rows ({length} cache positions now; once per "
+            "row count, any length; ~35 s on an H200 the first time, cached on disk for later runs)"
         )
 
     def _fell_back(self, line: str, **fields: Any) -> None:
