@@ -6,13 +6,13 @@
 Model: builtin:qwen3-0.6b-shape (the Qwen3-0.6B config, random weights) in bf16, sdpa. Prompts: GSM8K
 questions when --data is given, else synthetic token runs of 64..192 tokens.
 
-Throughput: for each batch size, 256 new tokens per completion with EOS ignored, so tokens/s compares equal
-work; the first call (compile / capture / warm-up; 8 tokens for generate) and the timed second one reported.
+Throughput: per batch size, 256 new tokens per completion with EOS ignored (equal work). Reported: the first
+call (compile / capture / warm-up; 8 tokens for generate), the timed second one (its bucket reused) and, with
+--fresh K, K more as the trainer runs them (the bucket released, a new cache length each).
 
-Sampling check (temperature 1.0, top_k 0, top_p 1.0, as GRPOConfig's defaults): >= 512 completions per
-backend, then the mean log-prob of the sampled tokens, scored by one teacher-forced forward, and the
-length distribution. Random weights give near-uniform logits, so a real EOS would almost never come:
-1% of the vocabulary (a fixed id set) stops a completion, giving a mean length near 100 tokens.
+Sampling check (`sampling_check.py`; GRPOConfig's default sampling): >= 512 completions per backend, the mean
+log-prob of the sampled tokens and the length distribution. Random weights would almost never emit EOS, so 1%
+of the vocabulary (a fixed id set) stops a completion, giving a mean length near 100 tokens.
 
 Bound: each decode step reads every weight once and each row's KV cache up to its length. bytes /
 (measured device copy bandwidth) is the fastest a step can be; `bound_fraction` is how close each
@@ -31,6 +31,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # its sibling modules, run as a script or loaded by file
+
+from sampling_check import mean_logprob, sampling_match, standard_error  # noqa: E402 - after sys.path.insert
 
 # graph first: fastest; static last: compiles, may hit the budget. Also graph-plain and NAME@sdpa (see Backend).
 BACKENDS = ("graph", "generate", "static")
@@ -125,59 +129,13 @@ def step_bytes(model: Any, rows: int, mean_context: float) -> float:
     return weights + rows * mean_context * kv_per_token
 
 
-def mean_logprob(
-    model: Any, prompts: list[list[int]], completions: list[list[int]], pad: int, rows: int
-) -> tuple[float, list[float]]:
-    """Mean log-prob of the sampled tokens under the model (one teacher-forced forward per slice), and each
-    completion's own mean (their spread gives the standard error of a run's mean)."""
-    total, count, per_completion = 0.0, 0, []
-    for start in range(0, len(prompts), rows):
-        ps, cs = prompts[start : start + rows], completions[start : start + rows]
-        width, length = max(map(len, ps)), max(map(len, cs))
-        seqs = [[pad] * (width - len(p)) + p + c + [pad] * (length - len(c)) for p, c in zip(ps, cs, strict=True)]
-        masks = [[0] * (width - len(p)) + [1] * (len(p) + len(c)) + [0] * (length - len(c)) for p, c in zip(ps, cs)]
-        ids = torch.tensor(seqs, device=model.device)
-        mask = torch.tensor(masks, device=model.device)
-        with torch.no_grad():
-            logits = model(input_ids=ids, attention_mask=mask, logits_to_keep=length + 1).logits[:, :-1]
-        logps = torch.log_softmax(logits.float(), -1).gather(-1, ids[:, width:, None]).squeeze(-1)  # [R, T]
-        keep = mask[:, width:].bool()
-        total += logps[keep].sum().item()
-        count += int(keep.sum())
-        sums, lengths = (logps * keep).sum(-1), keep.sum(-1)
-        per_completion += (sums / lengths.clamp(min=1))[lengths > 0].tolist()
-    return total / max(count, 1), per_completion
-
-
-def standard_error(values: list[float]) -> float:
-    """The standard error of the mean: the run-to-run spread of a mean over this many independent samples."""
-    n = len(values)
-    if n < 2:
-        return float("nan")
-    mean = sum(values) / n
-    return (sum((v - mean) ** 2 for v in values) / (n - 1) / n) ** 0.5
-
-
-def sampling_match(checks: list[dict[str, Any]], baseline: str = "generate") -> list[dict[str, Any]]:
-    """Each backend's sampling check against the baseline's: the differences of the means in units of their
-    combined standard error (|z| <= 3: within run-to-run spread)."""
-    base = next((c for c in checks if c["backend"] == baseline), None)
-    rows = []
-    for c in checks:
-        if base is None or c is base:
-            continue
-        row = {"backend": c["backend"], "against": baseline}
-        for key in ("mean_logprob", "length_mean"):
-            se = (c[f"{key}_se"] ** 2 + base[f"{key}_se"] ** 2) ** 0.5
-            row[f"{key}_diff"] = c[key] - base[key]
-            row[f"{key}_z"] = row[f"{key}_diff"] / se if se > 0 else float("nan")
-        row["within_spread"] = all(abs(row[f"{k}_z"]) <= 3 for k in ("mean_logprob", "length_mean"))
-        rows.append(row)
-    return rows
-
-
 def measure(
-    backend: Backend, prompts: list[list[int]], new_tokens: int, stop_ids: list[int], device: torch.device
+    backend: Backend,
+    prompts: list[list[int]],
+    new_tokens: int,
+    stop_ids: list[int],
+    device: torch.device,
+    fresh: int = 0,
 ) -> dict[str, Any]:
     cuda = device.type == "cuda"
     # The previous batch's bucket is freed first, as the trainer frees it after each rollout; left allocated,
@@ -202,12 +160,42 @@ def measure(
         peaks.append((torch.cuda.max_memory_allocated() - held) / 2**20 if cuda else None)
     tokens = sum(map(len, out))
     assert tokens == len(prompts) * new_tokens, "a completion stopped early"
-    return {
+    row = {
         "first_call_s": round(times[0], 3),
         "s": round(times[1], 3),
         "tokens_per_s": tokens / times[1],
         "peak_mib": peaks[1],
         "first_call_peak_mib": peaks[0],
+    }
+    if fresh:
+        row.update(fresh_rollouts(backend, prompts, new_tokens, device, fresh, held))
+    return row
+
+
+def fresh_rollouts(
+    backend: Backend, prompts: list[list[int]], new_tokens: int, device: torch.device, count: int, held: int
+) -> dict[str, Any]:
+    """`count` rollouts as the trainer runs them: the bucket released before each, and the prompts' first 8, 16,
+    ... tokens cut, so each needs a cache length of its own (on CUDA: a new capture and new prefill shapes, as a
+    new batch of prompts brings). The timed rollout above reuses its bucket and shapes; these do not."""
+    cuda = device.type == "cuda"
+    times, peaks = [], []
+    for i in range(1, count + 1):
+        cut = [p[min(8 * i, len(p) - 1) :] for p in prompts]
+        backend.release()
+        sync(device)
+        if cuda:
+            torch.cuda.reset_peak_memory_stats()
+        start = time.perf_counter()
+        with torch.no_grad():
+            backend.run(cut, new_tokens, [], ignore_eos=True)
+        sync(device)
+        times.append(time.perf_counter() - start)
+        peaks.append((torch.cuda.max_memory_allocated() - held) / 2**20 if cuda else None)
+    return {
+        "fresh_s": [round(t, 3) for t in times],
+        "fresh_tokens_per_s": len(prompts) * new_tokens * count / sum(times),
+        "fresh_peak_mib": max(peaks) if cuda else None,
     }
 
 
@@ -264,8 +252,17 @@ def main(argv: list[str] | None = None) -> int:
         help="after each backend's timed rollout at batch B, one more under torch.profiler: its operator tables "
         "go to OUT/profile-<backend>-<B>.txt",
     )
+    parser.add_argument(
+        "--fresh",
+        default="0",
+        metavar="K",
+        help="after each timed rollout, K more as the trainer runs them (bucket released, prompts cut by 8 more "
+        "tokens each: a new cache length each time); their tokens/s and peak are reported as fresh_*",
+    )
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
+    if not args.fresh.isdecimal():
+        parser.error(f"--fresh: got {args.fresh!r}; allowed: a whole number of rollouts, 0 or more")
     began = time.perf_counter()
     device = torch.device(args.device)
     batch_text = args.batches or ("4,8" if args.tiny else "16,128,512")
@@ -324,7 +321,8 @@ def main(argv: list[str] | None = None) -> int:
             if over_budget(f"{name} throughput batch {rows}"):
                 continue
             batch = prompts[:rows]
-            row = {"backend": name, "batch": rows, **measure(backend, batch, new_tokens, stop_ids.tolist(), device)}
+            measured = measure(backend, batch, new_tokens, stop_ids.tolist(), device, int(args.fresh))
+            row = {"backend": name, "batch": rows, **measured}
             context = sum(map(len, batch)) / rows + new_tokens / 2
             bound = rows / (step_bytes(model, rows, context) / bandwidth)
             row.update(bound_tokens_per_s=bound, bound_fraction=row["tokens_per_s"] / bound)
@@ -376,12 +374,13 @@ def _versions() -> dict[str, str]:
 
 
 def table(result: dict[str, Any]) -> str:
-    lines = [f"{'backend':9} {'batch':>5} {'tok/s':>10} {'first s':>8} {'peak MiB':>9} {'bound %':>8}"]
+    lines = [f"{'backend':9} {'batch':>5} {'tok/s':>10} {'first s':>8} {'peak MiB':>9} {'bound %':>8} fresh tok/s"]
     for r in result["throughput"]:
         peak = "-" if r["peak_mib"] is None else f"{r['peak_mib']:.0f}"
+        fresh = f"{r['fresh_tokens_per_s']:.0f}" if "fresh_tokens_per_s" in r else "-"
         lines.append(
             f"{r['backend']:9} {r['batch']:>5} {r['tokens_per_s']:>10.0f} {r['first_call_s']:>8.1f} {peak:>9} "
-            f"{100 * r['bound_fraction']:>7.1f}%"
+            f"{100 * r['bound_fraction']:>7.1f}% {fresh:>11}"
         )
     lines.append(f"{'backend':9} {'n':>5} {'mean logp':>10} {'+-se':>7} {'len mean':>8} {'+-se':>6} {'len std':>8}")
     for s in result["sampling"]:

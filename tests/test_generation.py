@@ -6,13 +6,17 @@ greedy decoding must match TRL's generate path token for token, and follow weigh
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+import io
 import json
 from pathlib import Path
 
 import pytest
 import torch
 from benchmark_scripts import load_benchmark
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from transformers import AutoModelForCausalLM, GenerationConfig
 
 from grpo_tui.config.schema import GENERATION_BACKENDS, PresetError, validate_data
@@ -374,11 +378,14 @@ def test_benchmark_smoke_on_cpu(tiny_model_path: Path, tmp_path: Path) -> None:
         "graph-plain@math",
         "--profile-batch",
         "8",
+        "--fresh",
+        "2",
         "--out",
         str(tmp_path),
     ]
     assert bench.main(argv) == 0
     result = json.loads((tmp_path / "generation-bench.json").read_text())
+    assert all(len(r["fresh_s"]) == 2 and r["fresh_tokens_per_s"] > 0 for r in result["throughput"])
     assert [r["backend"] for r in result["throughput"]] == ["graph", "generate", "static", "graph-plain@math"]
     table = (tmp_path / "profile-graph-plain_at_math-8.txt").read_text()  # one per backend profiled at batch 8
     assert "one rollout, graph-plain@math, 8 x 4 tokens" in table and "aten::" in table
@@ -397,6 +404,36 @@ def test_benchmark_refuses_bad_batches(tmp_path: Path, capsys: pytest.CaptureFix
         bench.main(["--device", "cpu", "--tiny", "--batches", "8,x", "--out", str(tmp_path)])
     assert exit_info.value.code == 2
     assert "--batches: got '8,x'; allowed: comma-separated positive integers" in capsys.readouterr().err
+
+
+@settings(max_examples=60, deadline=None)
+@given(text=st.text(max_size=12).filter(lambda t: not t.isdecimal()) | st.sampled_from(["-1", "1.5", " 2", "1e3", ""]))
+def test_benchmark_fresh_is_a_whole_number_or_one_error(text: str) -> None:
+    bench = load_benchmark("generation_bench")
+    with pytest.raises(SystemExit) as exit_info, contextlib.redirect_stderr(io.StringIO()) as err:
+        bench.main(["--device", "cpu", "--tiny", f"--fresh={text}", "--out", "/nonexistent/never-written"])
+    assert exit_info.value.code == 2
+    assert f"--fresh: got {text!r}; allowed: a whole number of rollouts, 0 or more" in err.getvalue()
+
+
+def test_benchmark_fresh_rollouts_start_over_as_the_trainer_does() -> None:
+    # Each one frees the bucket and gets prompts with 8 more leading tokens cut: a new cache length each time
+    bench = load_benchmark("generation_bench")
+    calls: list[object] = []
+
+    class Recording:
+        name = "graph"
+
+        def release(self) -> None:
+            calls.append("release")
+
+        def run(self, prompts, new_tokens, stop_ids, ignore_eos):
+            calls.append(max(map(len, prompts)))
+            return [[1] * new_tokens for _ in prompts]
+
+    row = bench.measure(Recording(), [[5] * 20, [7] * 12], 4, [2], torch.device("cpu"), fresh=2)
+    assert calls == ["release", 20, 20, "release", 12, "release", 4]
+    assert len(row["fresh_s"]) == 2 and row["fresh_tokens_per_s"] > 0 and row["fresh_peak_mib"] is None
 
 
 def test_benchmark_sampling_match_is_in_units_of_the_combined_standard_error() -> None:
