@@ -26,14 +26,8 @@ import grpo_kernels.decode_attention as da
 from grpo_tui.train.decode_attention import folded_attention
 
 KV_HEADS, GROUP, DIM = 8, 2, 128
-GRID = {"block": (64, 128), "stages": (2, 3), "warps": (4, 8), "target": (528, 2112), "hoist": (0, 1)}
-DEFAULT = {
-    "block": da.BLOCK_KEYS,
-    "stages": da.NUM_STAGES,
-    "warps": da.NUM_WARPS,
-    "target": da.TARGET_PROGRAMS,
-    "hoist": int(da.HOIST_BOUNDS),
-}
+GRID = {"block": (64, 128), "stages": (2, 3), "warps": (4, 8), "target": (528, 2112)}
+DEFAULT = {"block": da.BLOCK_KEYS, "stages": da.NUM_STAGES, "warps": da.NUM_WARPS, "target": da.TARGET_PROGRAMS}
 
 
 def inputs(rows: int, length: int, filled: int, device: str, dtype: torch.dtype, seed: int = 0) -> tuple:
@@ -73,7 +67,6 @@ def timed_us(fn: Any, cuda: bool, reps: int = 200) -> float:
 def apply(setting: dict[str, int]) -> None:
     da.BLOCK_KEYS, da.NUM_STAGES = setting["block"], setting["stages"]
     da.NUM_WARPS, da.TARGET_PROGRAMS = setting["warps"], setting["target"]
-    da.HOIST_BOUNDS = bool(setting["hoist"])
 
 
 def parse_grid(text: str) -> dict[str, tuple[int, ...]]:
@@ -136,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--grid",
         default="",
-        help=f"axes to sweep instead of the default's, e.g. 'block=32,64;hoist=1' ({', '.join(GRID)})",
+        help=f"axes to sweep instead of the default's, e.g. 'block=32,64;stages=2' ({', '.join(GRID)})",
     )
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     parser.add_argument("--out", type=Path, required=True)

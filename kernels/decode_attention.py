@@ -38,20 +38,19 @@ BLOCK_KEYS = 64
 # Fewest keys one split covers: shorter splits spend more on the merge than they save
 MIN_SPLIT_KEYS = 64
 # Programs the split rule aims for: 8 per SM of an H200 (132 SMs), so rows and heads alone need not fill it
-# (with HOIST_BOUNDS the fastest of 1,056 / 2,112 / 4,224 at 128 and 512 rows, H200 sweep of 2026-12-03)
+# (with the hoisted loop bounds the fastest of 1,056 / 2,112 / 4,224 at 128 and 512 rows, H200 sweep of 2026-12-03)
 TARGET_PROGRAMS = 8 * 132
 # Query rows of a group's tile: tl.dot needs M >= 16 (Qwen3's group is 2)
 MIN_GROUP_PAD = 16
 # Launch settings of the split kernel, left here for a GPU sweep
 NUM_WARPS = 4
 NUM_STAGES = 2
-# Loop bounds from the row's mask, read once per program (first and last allowed slot), instead of a check
-# and branch per block: no branch between one block's keys and the next block's loads, so the loads can be
-# pipelined. The H200 sweep (`benchmarks/decode_attention_bench.py`, 108 settings): 36.9 vs 53.6 us per call
-# at 128 rows x 300 of 512 slots (1.45x), 119.1 vs 183.1 at 512 rows; every one of the 20 fastest hoists
-HOIST_BOUNDS = True
-# With HOIST_BOUNDS, a row's mask is read in one load up to this many slots (the swept case), in a loop of such
-# loads beyond it, so long caches (e.g. 8k-token completions) do not hold the whole row in registers
+# Each program reads its row's mask once for its loop bounds (first and last allowed slot), up to this many
+# slots in one load (the swept case) and in a loop of such loads beyond it, so long caches (e.g. 8k-token
+# completions) do not hold the whole row in registers. The bounds replaced a check and branch per block
+# (deleted after it lost every H200 sweep, 108 settings, `benchmarks/decode_attention_bench.py`: 36.9 vs
+# 53.6 us per call at 128 rows x 300 of 512 slots, 119.1 vs 183.1 at 512 rows): with no branch between one
+# block's keys and the next block's loads, the loads can be pipelined.
 HOIST_MASK_BLOCK = 1024
 LOG2E = 1.4426950408889634
 
@@ -99,7 +98,6 @@ if HAS_TRITON:
         DIM: tl.constexpr,
         BLOCK: tl.constexpr,
         PRECISION: tl.constexpr,
-        HOIST: tl.constexpr,
         L_PAD: tl.constexpr,
         ONE_LOAD: tl.constexpr,
     ):
@@ -121,42 +119,36 @@ if HAS_TRITON:
         v_base = v_ptr + row * sv_r + kv * sv_h
         lo = split * split_keys
         hi = tl.minimum(lo + split_keys, length)
-        if HOIST:
-            # Only the blocks from the row's first to its last allowed slot: no per-block check below
-            slots = tl.arange(0, L_PAD)
-            row_mask = tl.load(mask_ptr + row * sm_r + slots, mask=slots < length, other=0) != 0
-            first = tl.min(tl.where(row_mask, slots, length), axis=0)
-            last = tl.max(tl.where(row_mask, slots, -1), axis=0)
-            if not ONE_LOAD:  # the rest of a long row, L_PAD slots at a time
-                for m0 in range(L_PAD, length, L_PAD):
-                    more = m0 + slots
-                    row_mask = tl.load(mask_ptr + row * sm_r + more, mask=more < length, other=0) != 0
-                    first = tl.minimum(first, tl.min(tl.where(row_mask, more, length), axis=0))
-                    last = tl.maximum(last, tl.max(tl.where(row_mask, more, -1), axis=0))
-            lo = lo + tl.maximum(first - lo, 0) // BLOCK * BLOCK  # stays on the split's block grid
-            hi = tl.minimum(hi, last + 1)
+        # Only the blocks from the row's first to its last allowed slot: no per-block check below
+        slots = tl.arange(0, L_PAD)
+        row_mask = tl.load(mask_ptr + row * sm_r + slots, mask=slots < length, other=0) != 0
+        first = tl.min(tl.where(row_mask, slots, length), axis=0)
+        last = tl.max(tl.where(row_mask, slots, -1), axis=0)
+        if not ONE_LOAD:  # the rest of a long row, L_PAD slots at a time
+            for m0 in range(L_PAD, length, L_PAD):
+                more = m0 + slots
+                row_mask = tl.load(mask_ptr + row * sm_r + more, mask=more < length, other=0) != 0
+                first = tl.minimum(first, tl.min(tl.where(row_mask, more, length), axis=0))
+                last = tl.maximum(last, tl.max(tl.where(row_mask, more, -1), axis=0))
+        lo = lo + tl.maximum(first - lo, 0) // BLOCK * BLOCK  # stays on the split's block grid
+        hi = tl.minimum(hi, last + 1)
         for start in range(lo, hi, BLOCK):
             n = start + tl.arange(0, BLOCK)
             allowed = tl.load(mask_ptr + row * sm_r + n, mask=n < hi, other=0) != 0  # [BLOCK]
-            if HOIST:
-                reads = True  # the hoisted range: no check per block
-            else:
-                reads = tl.max(allowed.to(tl.int32), axis=0) > 0  # padding and unwritten slots are never read
-            if reads:
-                # Masked loads read 0 there: a slot may hold anything, NaN included
-                k = tl.load(k_base + n[:, None] * sk_l + d[None, :], mask=allowed[:, None], other=0.0)  # [BLOCK, D]
-                s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # [G, BLOCK] fp32, log2 units
-                s = tl.where(allowed[None, :], s, -float("inf"))
-                m_new = tl.maximum(m_i, tl.max(s, axis=1))
-                # -inf only for a block of holes inside the hoisted range (so far nothing allowed): exp2 of
-                # -inf - 0 gives p = 0 and alpha = 0 there, not NaN
-                m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)
-                p = tl.exp2(s - m_safe[:, None])
-                alpha = tl.exp2(m_i - m_safe)
-                v = tl.load(v_base + n[:, None] * sv_l + d[None, :], mask=allowed[:, None], other=0.0)  # [BLOCK, D]
-                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-                l_i = l_i * alpha + tl.sum(p, axis=1)
-                m_i = m_new
+            # Masked loads read 0 there: a slot may hold anything, NaN included
+            k = tl.load(k_base + n[:, None] * sk_l + d[None, :], mask=allowed[:, None], other=0.0)  # [BLOCK, D]
+            s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # [G, BLOCK] fp32, log2 units
+            s = tl.where(allowed[None, :], s, -float("inf"))
+            m_new = tl.maximum(m_i, tl.max(s, axis=1))
+            # -inf only for a block of holes inside the hoisted range (so far nothing allowed): exp2 of
+            # -inf - 0 gives p = 0 and alpha = 0 there, not NaN
+            m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)
+            p = tl.exp2(s - m_safe[:, None])
+            alpha = tl.exp2(m_i - m_safe)
+            v = tl.load(v_base + n[:, None] * sv_l + d[None, :], mask=allowed[:, None], other=0.0)  # [BLOCK, D]
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            m_i = m_new
         # Partials [R, H, SPLITS(, D)]; a split the mask rules out entirely leaves max -inf, sum 0, acc 0
         part = (row * KV_HEADS * GROUP + heads) * splits + split  # [G]
         tl.store(acc_ptr + part[:, None] * DIM + d[None, :], acc, mask=gmask[:, None])
@@ -282,9 +274,8 @@ def _decode_attention_op(
         DIM=dim,
         BLOCK=BLOCK_KEYS,
         PRECISION="ieee" if query.dtype == torch.float32 else "tf32",  # no TF32 rounding of fp32 inputs
-        HOIST=HOIST_BOUNDS,
-        # (constexprs: no recompile per length without HOIST_BOUNDS, one per power of two up to HOIST_MASK_BLOCK)
-        L_PAD=min(next_pow2(length), HOIST_MASK_BLOCK) if HOIST_BOUNDS else 1,
+        # (constexprs: one compile per power of two of the length up to HOIST_MASK_BLOCK)
+        L_PAD=min(next_pow2(length), HOIST_MASK_BLOCK),
         ONE_LOAD=next_pow2(length) <= HOIST_MASK_BLOCK,
         num_warps=NUM_WARPS,
         num_stages=NUM_STAGES,

@@ -175,8 +175,8 @@ def test_decode_attention_bench_smoke_on_cpu(tmp_path, capsys) -> None:
 
 def test_decode_attention_bench_grid_option(tmp_path, capsys) -> None:
     bench = _decode_bench()
-    assert bench.parse_grid("block=32,64;hoist=1")["block"] == (32, 64)
-    assert bench.parse_grid("block=32,64;hoist=1")["hoist"] == (1,)
+    assert bench.parse_grid("block=32,64;stages=2")["block"] == (32, 64)
+    assert bench.parse_grid("block=32,64;stages=2")["stages"] == (2,)
     assert bench.parse_grid("")["stages"] == bench.GRID["stages"]
     with pytest.raises(SystemExit) as exit_info:
         bench.main(["--device", "cpu", "--grid", "blocks=32", "--out", str(tmp_path)])
