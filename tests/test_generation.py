@@ -416,23 +416,28 @@ def test_benchmark_fresh_is_a_whole_number_or_one_error(text: str) -> None:
     assert f"--fresh: got {text!r}; allowed: a whole number of rollouts, 0 or more" in err.getvalue()
 
 
+class RecordingBackend:
+    """A benchmark backend that only records its calls: "release", and each rollout's prompt width."""
+
+    name = "graph"
+
+    def __init__(self) -> None:
+        self.calls: list[object] = []
+
+    def release(self) -> None:
+        self.calls.append("release")
+
+    def run(self, prompts, new_tokens, stop_ids, ignore_eos):
+        self.calls.append(max(map(len, prompts)))
+        return [[1] * new_tokens for _ in prompts]
+
+
 def test_benchmark_fresh_rollouts_start_over_as_the_trainer_does() -> None:
     # Each one frees the bucket and gets prompts with 8 more leading tokens cut: a new cache length each time
     bench = load_benchmark("generation_bench")
-    calls: list[object] = []
-
-    class Recording:
-        name = "graph"
-
-        def release(self) -> None:
-            calls.append("release")
-
-        def run(self, prompts, new_tokens, stop_ids, ignore_eos):
-            calls.append(max(map(len, prompts)))
-            return [[1] * new_tokens for _ in prompts]
-
-    row = bench.measure(Recording(), [[5] * 20, [7] * 12], 4, [2], torch.device("cpu"), fresh=2)
-    assert calls == ["release", 20, 20, "release", 12, "release", 4]
+    backend = RecordingBackend()
+    row = bench.measure(backend, [[5] * 20, [7] * 12], 4, [2], torch.device("cpu"), fresh=2)
+    assert backend.calls == ["release", 20, 20, "release", 12, "release", 4]
     assert len(row["fresh_s"]) == 2 and row["fresh_tokens_per_s"] > 0 and row["fresh_peak_mib"] is None
 
 
@@ -562,18 +567,7 @@ def test_benchmark_measures_each_batch_after_releasing_the_previous_bucket() -> 
     # The peak is read against the memory held before the call: a bucket left from the previous batch would
     # be freed inside the call and understate the peak by its size (the H200 figures of 2026-12-03 were)
     bench = load_benchmark("generation_bench")
-    calls: list[str] = []
-
-    class Recording:
-        name = "graph"
-
-        def release(self) -> None:
-            calls.append("release")
-
-        def run(self, prompts, new_tokens, stop_ids, ignore_eos):
-            calls.append("run")
-            return [[1] * new_tokens for _ in prompts]
-
-    row = bench.measure(Recording(), [[5, 6], [7]], 4, [2], torch.device("cpu"))
-    assert calls == ["release", "run", "run"]  # released before the memory baseline and both calls
+    backend = RecordingBackend()
+    row = bench.measure(backend, [[5, 6], [7]], 4, [2], torch.device("cpu"))
+    assert backend.calls == ["release", 2, 2]  # released before the memory baseline and both calls
     assert row["tokens_per_s"] > 0 and row["peak_mib"] is None
