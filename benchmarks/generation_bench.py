@@ -129,6 +129,22 @@ def step_bytes(model: Any, rows: int, mean_context: float) -> float:
     return weights + rows * mean_context * kv_per_token
 
 
+def timed_run(
+    backend: Backend, prompts: list[list[int]], tokens: int, stop_ids: list[int], device: torch.device, held: int
+) -> tuple[list[list[int]], float, float | None]:
+    """(completions, seconds, peak MiB above `held`; None off CUDA) of one rollout with EOS ignored."""
+    cuda = device.type == "cuda"
+    sync(device)
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    start = time.perf_counter()
+    with torch.no_grad():
+        out = backend.run(prompts, tokens, stop_ids, ignore_eos=True)
+    sync(device)
+    seconds = time.perf_counter() - start
+    return out, seconds, (torch.cuda.max_memory_allocated() - held) / 2**20 if cuda else None
+
+
 def measure(
     backend: Backend,
     prompts: list[list[int]],
@@ -144,28 +160,20 @@ def measure(
     if cuda:
         torch.cuda.empty_cache()
     held = torch.cuda.memory_allocated() if cuda else 0
-    times, peaks = [], []
     # First call: compile / capture / allocator warm-up; the second is timed. generate compiles nothing, so
     # its first call is 8 tokens; static compiles per cache length, so the others' is the full length. Each
     # call's peak is its own: the first one's includes compiling, the timed one's is the rollout's.
-    for tokens in (min(8, new_tokens) if backend.name == "generate" else new_tokens, new_tokens):
-        sync(device)
-        if cuda:
-            torch.cuda.reset_peak_memory_stats()
-        start = time.perf_counter()
-        with torch.no_grad():
-            out = backend.run(prompts, tokens, stop_ids, ignore_eos=True)
-        sync(device)
-        times.append(time.perf_counter() - start)
-        peaks.append((torch.cuda.max_memory_allocated() - held) / 2**20 if cuda else None)
+    first = min(8, new_tokens) if backend.name == "generate" else new_tokens
+    _, first_s, first_peak = timed_run(backend, prompts, first, stop_ids, device, held)
+    out, seconds, peak = timed_run(backend, prompts, new_tokens, stop_ids, device, held)
     tokens = sum(map(len, out))
     assert tokens == len(prompts) * new_tokens, "a completion stopped early"
     row = {
-        "first_call_s": round(times[0], 3),
-        "s": round(times[1], 3),
-        "tokens_per_s": tokens / times[1],
-        "peak_mib": peaks[1],
-        "first_call_peak_mib": peaks[0],
+        "first_call_s": round(first_s, 3),
+        "s": round(seconds, 3),
+        "tokens_per_s": tokens / seconds,
+        "peak_mib": peak,
+        "first_call_peak_mib": first_peak,
     }
     if fresh:
         row.update(fresh_rollouts(backend, prompts, new_tokens, device, fresh, held))
@@ -178,24 +186,15 @@ def fresh_rollouts(
     """`count` rollouts as the trainer runs them: the bucket released before each, and the prompts' first 8, 16,
     ... tokens cut, so each needs a cache length of its own (on CUDA: a new capture and new prefill shapes, as a
     new batch of prompts brings). The timed rollout above reuses its bucket and shapes; these do not."""
-    cuda = device.type == "cuda"
-    times, peaks = [], []
+    runs = []
     for i in range(1, count + 1):
-        cut = [p[min(8 * i, len(p) - 1) :] for p in prompts]
         backend.release()
-        sync(device)
-        if cuda:
-            torch.cuda.reset_peak_memory_stats()
-        start = time.perf_counter()
-        with torch.no_grad():
-            backend.run(cut, new_tokens, [], ignore_eos=True)
-        sync(device)
-        times.append(time.perf_counter() - start)
-        peaks.append((torch.cuda.max_memory_allocated() - held) / 2**20 if cuda else None)
+        runs.append(timed_run(backend, [p[min(8 * i, len(p) - 1) :] for p in prompts], new_tokens, [], device, held))
+    times, peaks = [r[1] for r in runs], [r[2] for r in runs]
     return {
         "fresh_s": [round(t, 3) for t in times],
         "fresh_tokens_per_s": len(prompts) * new_tokens * count / sum(times),
-        "fresh_peak_mib": max(peaks) if cuda else None,
+        "fresh_peak_mib": None if None in peaks else max(peaks),
     }
 
 

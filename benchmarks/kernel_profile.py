@@ -185,11 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     try:
-        cases = parse_cases(args.cases)
-    except ValueError as error:
-        parser.error(str(error))
-    try:
-        providers = parse_providers(args.providers)
+        cases, providers = parse_cases(args.cases), parse_providers(args.providers)
     except ValueError as error:
         parser.error(str(error))
     if args.calls < 1:
