@@ -12,9 +12,9 @@ over g, which is small. Same arithmetic per (query head, key) pair as the unfold
 With the name "triton" in `attention_context` (the graph decoder's default where Triton is installed:
 `DEFAULT_DECODE_ATTENTION`), a decode step (one query per row, a bool mask) goes to
 `grpo_kernels.decode_attention` instead: a split-KV Triton kernel that reads only the cache slots the mask
-allows (its torch twin off CUDA); prefill stays on sdpa. On the H200 (Qwen3-0.6B shape, 300 of 512 slots
-filled) it takes 36.9 us per layer call at 128 rows against sdpa's 115.8 (cuDNN), 119.1 against 418.5 at
-512 rows; rollouts of 128 x 256 run at 30,779 tokens/s against 21,934 in the same run
+allows (its torch twin off CUDA); prefill stays on sdpa, held to `PREFILL_ATTENTION`. On the H200
+(Qwen3-0.6B shape, 300 of 512 slots filled) it takes 36.9 us per layer call at 128 rows against sdpa's
+115.8 (cuDNN), 119.1 against 418.5 at 512 rows; rollouts of 128 x 256 run at 30,779 tokens/s against 21,934 in the same run
 (benchmarks/results/h200-2026-12-03c/). An earlier kernel without splits or tensor cores lost (ad36d85).
 """
 
@@ -32,8 +32,16 @@ import torch.nn.functional as F
 DECODE_ATTENTION = "grpo_tui_folded_gqa"
 # The name that sends decode steps to grpo_kernels' kernel (beside torch's SDPBackend names)
 TRITON_DECODE = "triton"
-# What the graph decoder's steps run on unless told otherwise: grpo_kernels' kernel where Triton is installed
-DEFAULT_DECODE_ATTENTION: tuple[str, ...] = (TRITON_DECODE,) if importlib.util.find_spec("triton") else ()
+# sdpa's kernels for the decoder's prefill (and its decode steps where the kernel is off): not cuDNN, which
+# builds a new plan for each new cache length, and every rollout in training brings one. On the H200 (128 x 256,
+# each rollout a new length, benchmarks/results/h200-2026-12-03e/) 21,374 tokens/s with torch's choice (cuDNN;
+# the first rollout at a new length 2.4 s against 1.2) and 27,068 held to these; 29,825 vs 29,321 at one length.
+PREFILL_ATTENTION: tuple[str, ...] = ("efficient", "math")
+# What the graph decoder runs on unless told otherwise: grpo_kernels' kernel for decode steps where Triton is
+# installed, sdpa held to PREFILL_ATTENTION for the rest
+DEFAULT_DECODE_ATTENTION: tuple[str, ...] = (
+    (TRITON_DECODE, *PREFILL_ATTENTION) if importlib.util.find_spec("triton") else PREFILL_ATTENTION
+)
 # Whether `folded_attention` sends decode steps to grpo_kernels.decode_attention: set only inside
 # `attention_context`; torch.compile reads it while tracing (and guards on it), a CUDA graph keeps the choice.
 _decode_kernel_on = False
