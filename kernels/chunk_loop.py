@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from . import triton_ops
-from .rows import scatter_rows
+from .rows import gather_valid, scatter_rows
 
 # `torch.addmm(..., out_dtype=torch.float32)` from bf16/fp16 inputs exists from torch 2.8 on CUDA
 _HAS_OUT_DTYPE = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 8)
@@ -35,17 +35,27 @@ def chunk_loop(hidden2d, weight, bias, ids, chunks, *, inv_t, token_grad, seq_gr
     log-prob and entropy stay 0 and their rows of grad_hidden exactly 0.
     token_grad: dict of [N] tensors and scalars for `triton_ops.finish_rows` (token-level sampling);
     seq_grad: callable (chunk, [n] logps) -> [n] d(loss)/d(logps) (sequence level); both None: no gradient.
+    Per-row inputs are gathered and per-row outputs scattered once per call (`rows.gather_valid`): the
+    chunks index them by `Chunk.span`.
     """
     n_rows, width = hidden2d.shape
     vocab = weight.shape[0]
     dev = hidden2d.device
     stats_dtype = torch.float64 if hidden2d.dtype == torch.float64 else torch.float32
-    logps = torch.zeros((n_rows,), device=dev, dtype=stats_dtype)
-    entropies = torch.zeros_like(logps)
+    n_valid = sum(c.size for c in chunks)
+    skipping = n_valid != n_rows
+    logps = (torch.zeros if skipping else torch.empty)((n_rows,), device=dev, dtype=stats_dtype)
+    entropies = torch.zeros_like(logps) if skipping else torch.empty_like(logps)
+    # In valid-row order: the outputs (the dense ones themselves when no row is skipped) and the inputs
+    lp_v = torch.empty((n_valid,), device=dev, dtype=stats_dtype) if skipping else logps
+    ent_v = torch.empty_like(lp_v) if skipping else entropies
     chunk_rows = max((c.size for c in chunks), default=0)
     grads = any(want)
+    ids_v = gather_valid(ids, chunks)
+    if token_grad is not None and grads:
+        token_grad = {k: (gather_valid(v, chunks) if isinstance(v, torch.Tensor) else v) for k, v in token_grad.items()}
     buf = torch.empty((chunk_rows, vocab), device=dev, dtype=hidden2d.dtype)
-    gathers = any(isinstance(c.rows, torch.Tensor) for c in chunks)
+    gathers = skipping and n_valid > 0
     # A gathering chunk's hidden rows, contiguous for the GEMMs (one buffer for every chunk)
     hbuf = torch.empty((chunk_rows, width), device=dev, dtype=hidden2d.dtype) if gathers else None
     covered = sum(c.size for c in chunks) == n_rows
@@ -60,7 +70,7 @@ def chunk_loop(hidden2d, weight, bias, ids, chunks, *, inv_t, token_grad, seq_gr
             h_c = hidden2d[chunk.rows]  # [n, H], a view
         else:
             h_c = torch.index_select(hidden2d, 0, chunk.rows, out=hbuf[: chunk.size])  # [n, H]
-        ids_c = ids[chunk.rows]  # [n]
+        ids_c = ids_v[chunk.span]  # [n]
         if bias is None:
             torch.mm(h_c, w_t, out=tile)
         else:
@@ -68,10 +78,9 @@ def chunk_loop(hidden2d, weight, bias, ids, chunks, *, inv_t, token_grad, seq_gr
         parts, target_logit = triton_ops.row_stats(tile, ids_c, inv_t)
         chunk_grad = None
         if token_grad is not None and grads:
-            chunk_grad = {k: (v[chunk.rows] if isinstance(v, torch.Tensor) else v) for k, v in token_grad.items()}
-        lp, ent, lse, g = triton_ops.finish_rows(parts, target_logit, chunk_grad)
-        scatter_rows(logps, chunk.rows, lp)
-        scatter_rows(entropies, chunk.rows, ent)
+            chunk_grad = {k: (v[chunk.span] if isinstance(v, torch.Tensor) else v) for k, v in token_grad.items()}
+        out = (lp_v[chunk.span], ent_v[chunk.span])
+        lp, ent, lse, g = triton_ops.finish_rows(parts, target_logit, chunk_grad, out=out)
         if seq_grad is not None and grads:
             g = seq_grad(chunk, lp)
         if g is None:
@@ -86,4 +95,7 @@ def chunk_loop(hidden2d, weight, bias, ids, chunks, *, inv_t, token_grad, seq_gr
         elif gh is not None:
             # dH after dW: the gathered rows h_c are read, so their buffer holds dH_c until the scatter
             scatter_rows(gh, chunk.rows, torch.mm(tile, weight, out=hbuf[: chunk.size]))  # [n, H]
+    if skipping and n_valid:
+        scatter_rows(logps, chunks[0].index, lp_v)
+        scatter_rows(entropies, chunks[0].index, ent_v)
     return logps, entropies, gh, gw, gb

@@ -3,6 +3,8 @@
 Padding costs nothing: the chunk loop takes the valid rows only (gathered on the device, by an index that
 `torch.nonzero_static` builds without a host sync, since the count is already known on the host from the
 call's one sync in `checks.valid_counts`), and scatters per-row outputs back, leaving 0 at skipped rows.
+The per-row inputs (ids, the gradient's per-token terms) are gathered once per call and the per-row outputs
+scattered once, not per chunk: each launch saved counts where a call is host-bound (scoring at 4k tokens).
 Without padding the chunks are plain slices: no gather, no scatter.
 """
 
@@ -16,9 +18,15 @@ import torch
 class Chunk(NamedTuple):
     """One chunk of rows of the flattened `[N, ...]` inputs."""
 
-    rows: slice | torch.Tensor  # a slice (no row skipped), or [n] int64 indices of the valid rows, ascending
+    span: slice  # its rows' places among the valid rows, in order (the rows themselves when none is skipped)
     size: int  # n, the number of rows
     seqs: slice | None  # sequence-level sampling: the sequences (rows of the (B, T) inputs) it holds whole
+    index: torch.Tensor | None  # [n_valid] int64 indices of every valid row, ascending; None: no row skipped
+
+    @property
+    def rows(self) -> slice | torch.Tensor:
+        """Its rows of the flattened inputs: a slice (no row skipped), or [n] indices (a view of `index`)."""
+        return self.span if self.index is None else self.index[self.span]
 
 
 def plan_chunks(
@@ -55,7 +63,14 @@ def plan_chunks(
             spans.append((start, start + total, slice(first, len(counts))))
     else:
         spans = [(s, min(s + rows_per_chunk, n_valid), None) for s in range(0, n_valid, rows_per_chunk)]
-    return [Chunk(slice(s, e) if index is None else index[s:e], e - s, seqs) for s, e, seqs in spans]
+    return [Chunk(slice(s, e), e - s, seqs, index) for s, e, seqs in spans]
+
+
+def gather_valid(values: torch.Tensor, chunks: list[Chunk]) -> torch.Tensor:
+    """The valid rows of `values` [N, ...] in valid-row order (what `Chunk.span` indexes): one gather for the
+    whole call, or `values` itself when no row is skipped."""
+    index = chunks[0].index if chunks else None
+    return values if index is None else values.index_select(0, index)
 
 
 def scatter_rows(dense: torch.Tensor, rows: slice | torch.Tensor, values: torch.Tensor) -> None:

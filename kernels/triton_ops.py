@@ -326,6 +326,7 @@ def finish_rows(
     parts: torch.Tensor,
     target_logit: torch.Tensor,
     grad_inputs: dict | None = None,
+    out: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Log-prob, entropy, logsumexp per row and, given `grad_inputs`, d(loss)/d(log-prob).
 
@@ -333,14 +334,16 @@ def finish_rows(
         parts, target_logit: from `row_stats`.
         grad_inputs: for token-level sampling: old (or None), ref (or None), adv, w ([n] each) and
             beta, epsilon_low, epsilon_high; None for no gradient.
+        out: contiguous [n] tensors of parts' dtype for the log-probs and entropies; None: new ones.
 
     Returns:
         ([n] log-probs, [n] entropies, [n] logsumexp, [n] gradient or None).
     """
     _, n, n_seg = parts.shape
-    out = torch.empty((4 if grad_inputs else 3, n), device=parts.device, dtype=parts.dtype)
+    buf = torch.empty((4 if grad_inputs else 3, n), device=parts.device, dtype=parts.dtype)
+    logp, ent = out if out is not None else (buf[0], buf[1])
     gi = grad_inputs or {}
-    dummy = out[0]
+    dummy = buf[2]
     old, ref = gi.get("old"), gi.get("ref")
     beta = gi.get("beta", 0.0)
     has_ref = ref is not None and beta != 0.0
@@ -351,10 +354,10 @@ def finish_rows(
         target_logit,
         n,
         n_seg,
-        out[0],
-        out[1],
-        out[2],
-        out[3] if grad_inputs else dummy,
+        logp,
+        ent,
+        buf[2],
+        buf[3] if grad_inputs else dummy,
         dummy if old is None else old,
         ref if has_ref else dummy,
         gi.get("adv", dummy),
@@ -370,7 +373,7 @@ def finish_rows(
         _finish_rows_kernel[(-(-n // rows),)](*args, **flags, ROWS=rows, SEGS=segs, num_warps=4)
     else:
         _finish_rows_torch(*args, **flags, ROWS=rows, SEGS=segs)
-    return out[0], out[1], out[2], (out[3] if grad_inputs else None)
+    return logp, ent, buf[2], (buf[3] if grad_inputs else None)
 
 
 def logprob_stats(

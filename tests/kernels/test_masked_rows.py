@@ -187,3 +187,39 @@ def test_plan_chunks_keeps_sequences_whole_and_skips_padding():
     full = plan_chunks(None, 12, [4, 4, 4], 8, whole_sequences=True)  # no padding: slices, no gather
     assert [c.rows for c in full] == [slice(0, 8), slice(8, 12)]
     assert plan_chunks(torch.zeros(8, dtype=torch.bool), 8, [0, 0], 4, whole_sequences=True) == []
+
+
+def _op_counts(fn) -> dict[str, int]:
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn()
+    return {e.key: e.count for e in prof.key_averages()}
+
+
+@pytest.mark.parametrize("grad", [False, True], ids=["scoring", "loss"])
+def test_per_row_inputs_gathered_and_outputs_scattered_once_per_call(make_inputs, grad):
+    # Each launch counts where a call is host-bound (scoring 4k tokens), so the ids and the gradient's per-token
+    # terms are gathered once and the log-probs and entropies scattered once, however many chunks there are:
+    # only the hidden rows (and dH) move per chunk
+    inp = make_inputs(B=5, T=6, V=131, off_policy=True)
+    mask = _masks(5, 6)["holes"]
+    chunks = -(-int(mask.sum()) // 3)
+    assert chunks >= 4
+    h, w, ids = inp["hidden"], inp["weight"], inp["ids"]
+    if grad:
+        h, w = h.clone().requires_grad_(), w.clone().requires_grad_()
+
+        def call():
+            loss, _ = fused_linear_grpo_loss(h, w, ids, mask, inp["adv"], old_logps=inp["old"], chunk_tokens=3)
+            loss.backward()
+    else:
+
+        def call():
+            selective_logprobs(h, w, ids, mask=mask, chunk_tokens=3, return_entropy=True)
+
+    counts = _op_counts(call)
+    # log-prob and entropy once each; with the gradient also dH once per chunk
+    assert counts.get("aten::index_copy_", 0) == 2 + (chunks if grad else 0)
+    # the ids (and for the loss old, adv, w) once; the hidden rows once per chunk
+    assert counts.get("aten::index_select", 0) == (4 if grad else 1) + chunks
