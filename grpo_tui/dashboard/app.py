@@ -216,7 +216,7 @@ class GrpoTuiApp(App[int]):
         if not live:
             self.exit(0)
         elif not isinstance(self.screen, QuitScreen):
-            self.push_screen(QuitScreen([p.name for p in live]), self._quit_answer)
+            self.push_screen(QuitScreen(live), self._quit_answer)
 
     def _quit_answer(self, choice: str | None) -> None:
         if choice == "stop":
@@ -225,7 +225,7 @@ class GrpoTuiApp(App[int]):
             for path in self.live_runs:
                 supervisor.stop_run(path)
             self.exit(0)
-        elif choice == "leave":
+        elif choice in ("leave", "ended"):  # "ended": the runs finished while the dialog was up
             self.exit(0)
 
 

@@ -262,6 +262,33 @@ async def test_escape_leaves_the_run_going_and_q_asks_about_live_runs(app_factor
     assert not (run / "control.json").exists()
 
 
+async def test_the_quit_question_goes_when_its_runs_end(app_factory, runs_dir, live_run) -> None:
+    # Asked on the presets screen (no dashboard watching): the dialog asks run.json itself. One run ending
+    # leaves the other in the question; the last ending quits, as the user had asked.
+    other = make_run(runs_dir / "other", steps=3, finished=False).path
+    mark_running(other)
+    app = app_factory(clock=time.time)
+    async with app.run_test(size=SIZE) as pilot:
+        for run in (live_run, other):
+            await open_dashboard(app, pilot, run)
+            await pilot.press("escape")
+        await pilot.press("q")
+        await wait_for(pilot, lambda: isinstance(app.screen, QuitScreen))
+        assert "live, other" in plain(app.screen.query_one("#still-running"))
+
+        def end(run: Path) -> None:
+            meta = json.loads((run / "run.json").read_text())
+            meta.update(status="finished", exit_code=0)
+            (run / "run.json").write_text(json.dumps(meta))
+
+        end(other)
+        await wait_for(pilot, lambda: plain(app.screen.query_one("#still-running")) == "Still running: live")
+        assert app.is_running
+        end(live_run)
+        await wait_for(pilot, lambda: not app.is_running)
+    assert not (live_run / "control.json").exists()  # nothing was stopped
+
+
 async def test_quit_can_stop_the_live_run(app_factory, live_run) -> None:
     run = live_run
     app = app_factory(clock=time.time)

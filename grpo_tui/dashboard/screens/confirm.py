@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from rich.markup import escape  # "[y]" is a key hint, not markup
+from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
@@ -47,8 +50,11 @@ class ConfirmScreen(ModalScreen[bool]):
 class QuitScreen(ModalScreen[str]):
     """Quitting while a run is live: stop it, leave it running, or cancel.
 
-    Dismisses with "stop", "leave" or "cancel".
+    Dismisses with "stop", "leave" or "cancel", or with "ended" once none of the runs is live any more (it
+    asks their run.json every POLL_S seconds): the question is moot then, and the user had asked to quit.
     """
+
+    POLL_S = 1.0
 
     BINDINGS = [
         Binding("s", "choose('stop')", "Stop run and quit", id="quit.stop"),
@@ -58,20 +64,43 @@ class QuitScreen(ModalScreen[str]):
         Binding("n,escape", "choose('cancel')", "Cancel", id="quit.cancel"),
     ]
 
-    def __init__(self, run_names: list[str]) -> None:
+    def __init__(self, runs: list[Path]) -> None:
         super().__init__()
-        self.run_names = run_names
+        self.runs = list(runs)
 
     def compose(self) -> ComposeResult:
-        runs = ", ".join(self.run_names)
         with Vertical(id="dialog", classes="dialog"):
             yield Label("Quit grpo-tui?", classes="dialog-title")
-            yield Label(f"Still running: {runs}", classes="dialog-detail")
+            yield Label(self._still_running(), id="still-running", classes="dialog-detail")
             yield Label("Runs live on when the app closes; reopen grpo-tui to re-attach.", classes="dialog-detail")
             with Horizontal(classes="dialog-buttons"):
                 yield Button(escape("Leave running [l]"), id="leave", variant="primary")
                 yield Button(escape("Stop run [s]"), id="stop", variant="error")
                 yield Button(escape("Cancel [n]"), id="cancel")
+
+    def on_mount(self) -> None:
+        self.set_interval(self.POLL_S, self._check_runs)
+
+    def _still_running(self) -> str:
+        return "Still running: " + ", ".join(p.name for p in self.runs)
+
+    @work(thread=True, exclusive=True, group="quit-poll")
+    def _check_runs(self) -> None:
+        from grpo_tui.dashboard.workers import call_from_worker
+        from grpo_tui.runs.listing import run_info
+        from grpo_tui.runs.status import LIVE_STATES
+
+        live = [p for p in self.runs if run_info(p).status in LIVE_STATES]
+        call_from_worker(self, self._runs_seen, live)
+
+    def _runs_seen(self, live: list[Path]) -> None:
+        if not self.is_current:  # answered meanwhile
+            return
+        if not live:
+            self.dismiss("ended")
+        elif live != self.runs:
+            self.runs = live
+            self.query_one("#still-running", Label).update(self._still_running())
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
         event.stop()
