@@ -60,11 +60,11 @@ class Backend:
 
         self.name, self.model, self.pad_id = name, model, pad_id
         # graph-plain: the captured step without torch.compile (graph compiles it, as the trainer does);
-        # NAME@sdpa[+sdpa]: the decode steps on those sdpa kernels (e.g. graph@cudnn, the path before the kernel)
-        # or on grpo_kernels' decode kernel (NAME@triton); without @, the trainer's default (the kernel).
+        # NAME@sdpa[+sdpa]: sdpa held to those kernels (graph@cudnn: the path before the kernel) and/or decode steps
+        # on grpo_kernels' kernel (@triton); without @, the trainer's default (DEFAULT_DECODE_ATTENTION).
         base, _, sdpa = name.partition("@")
         use_graph = model.device.type == "cuda"
-        sdpa_backends = tuple(sdpa.split("+")) if sdpa else None  # None: the trainer's default (triton)
+        sdpa_backends = tuple(sdpa.split("+")) if sdpa else None  # None: the trainer's default
         if base in ("graph", "graph-plain"):
             self.decoder = StaticDecoder(use_graph, base == "graph" and use_graph, sdpa_backends=sdpa_backends)
         else:
