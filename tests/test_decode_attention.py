@@ -288,3 +288,23 @@ def test_decode_attention_bench_options_any_text_parses_or_is_one_line(text: str
             assert (
                 message.startswith(f"{flag}: got ") and "allowed:" in message and "\n" not in message.replace(text, "")
             )
+
+
+def test_training_attention_holds_the_named_kernels_with_math_as_the_last_resort() -> None:
+    from grpo_tui.train.decode_attention import training_attention
+
+    b = torch.backends.cuda
+
+    def flags() -> tuple[bool, ...]:
+        return b.cudnn_sdp_enabled(), b.flash_sdp_enabled(), b.mem_efficient_sdp_enabled(), b.math_sdp_enabled()
+
+    before = flags()
+    with training_attention(()):  # none named: torch's choice, untouched
+        assert flags() == before
+    with training_attention(("flash",)):
+        assert flags() == (False, True, False, True)
+    with training_attention(("cudnn", "math")):
+        assert flags() == (True, False, False, True)
+    assert flags() == before
+    with pytest.raises(ValueError, match="sdpa backend: got fastest; allowed: cudnn, flash, efficient, math"):
+        training_attention(("fastest",))

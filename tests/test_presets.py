@@ -161,6 +161,11 @@ def test_validate_ok(capsys: pytest.CaptureFixture[str]) -> None:
             "grpo.generation_sub_batch: got 0; Input should be greater than or equal to 1",
         ),
         ('[grpo]\nscoring_sub_batch = "half"\n', "grpo.scoring_sub_batch: got 'half'"),
+        (
+            '[model]\nsdpa_kernels = ["flash", "fastest"]\n',
+            "model.sdpa_kernels.1: got 'fastest'; Input should be 'cudnn', 'flash', 'efficient' or 'math'",
+        ),
+        ('[model]\nsdpa_kernels = "flash"\n', "model.sdpa_kernels: got 'flash'"),
     ],
 )
 def test_validate_schema_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, expected: str) -> None:
@@ -315,6 +320,10 @@ def test_several_bad_sets_give_one_line_each() -> None:
         (
             '[distributed]\nuse_cpu = true\nmixed_precision = "fp16"\n',
             "distributed.mixed_precision: fp16 is not supported on the CPU",
+        ),
+        (
+            '[model]\nattn_implementation = "eager"\nsdpa_kernels = ["efficient"]\n',
+            "model.sdpa_kernels: applies to model.attn_implementation sdpa, got eager",
         ),
     ],
 )

@@ -360,3 +360,31 @@ def test_profile_step_writes_the_operator_tables(
     assert "optimizer step 2" in table and "cpu_time_total" in table and "gc pauses: " in table
     assert "aten::" in table  # operator rows, not just the header
     assert not (run.path / "profile-step1.txt").exists()
+
+
+def test_sdpa_kernels_hold_every_forward_of_the_step(tiny_model_path: Path, tmp_path: Path) -> None:
+    # model.sdpa_kernels: the step's forwards (rollout, scoring, loss) see only the named kernels and math;
+    # outside the step, and without the field, torch's choice is back
+    import torch
+
+    from grpo_tui.config.schema import Preset
+
+    b = torch.backends.cuda
+    seen: dict[str, list[tuple[bool, bool, bool]]] = {}
+
+    def record(flags: list[tuple[bool, bool, bool]]) -> Any:
+        return lambda *_: flags.append((b.flash_sdp_enabled(), b.mem_efficient_sdp_enabled(), b.math_sdp_enabled()))
+
+    for name, kernels in (("held", ["efficient"]), ("free", [])):
+        run = make_run(
+            tmp_path,
+            name,
+            grpo={"max_steps": 1, "per_device_batch_size": 8, "num_generations": 4},
+            model={"attn_implementation": "sdpa", "sdpa_kernels": kernels},
+        )
+        trainer = build_trainer(Preset.model_validate(tomllib.loads(run.config.read_text())), run)
+        trainer.model.model.layers[0].self_attn.register_forward_pre_hook(record(seen.setdefault(name, [])))
+        trainer.train()
+        assert b.flash_sdp_enabled() and b.mem_efficient_sdp_enabled() and b.math_sdp_enabled()
+    assert seen["held"] and set(seen["held"]) == {(False, True, True)}
+    assert seen["free"] and set(seen["free"]) == {(True, True, True)}

@@ -187,7 +187,13 @@ def _check_distributed(preset: Preset, result: CheckResult) -> None:
 
 
 def _check_model(preset: Preset, result: CheckResult) -> None:
-    name = preset.model.name_or_path
+    m = preset.model
+    if m.sdpa_kernels and m.attn_implementation != "sdpa":
+        result.errors.append(
+            f"model.sdpa_kernels: applies to model.attn_implementation sdpa, got {m.attn_implementation}; "
+            "set sdpa or leave sdpa_kernels empty"
+        )
+    name = m.name_or_path
     if name.startswith("builtin:"):
         if name.removeprefix("builtin:") not in BUILTIN_MODELS:
             known = ", ".join(f"builtin:{m}" for m in BUILTIN_MODELS)

@@ -73,6 +73,11 @@ class ModelSection(_Section):
     )
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     attn_implementation: Literal["eager", "sdpa", "flash_attention_2"] = "sdpa"
+    sdpa_kernels: Annotated[list[Literal["cudnn", "flash", "efficient", "math"]], Field(max_length=4)] = Field(
+        default_factory=list,
+        description="The sdpa kernels the run's attention may use, math always as the last resort (empty: "
+        "torch's choice; without cudnn no kernel is planned again for each new sequence length)",
+    )
     trust_remote_code: bool = False
 
 

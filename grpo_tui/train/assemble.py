@@ -92,6 +92,7 @@ def build_trainer(
         scoring_sub_batch=preset.grpo.scoring_sub_batch,
         loss_sub_batch=preset.grpo.loss_sub_batch,
         activation_offload=preset.grpo.activation_offload,
+        sdpa_kernels=tuple(preset.model.sdpa_kernels),
         on_step_logged=on_step_logged,
         profile_dir=str(run.path),
     )

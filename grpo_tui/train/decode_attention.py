@@ -116,6 +116,14 @@ def sdpa_backend_list(names: tuple[str, ...]) -> list[Any]:
     return [getattr(SDPBackend, known[name]) for name in names if name != TRITON_DECODE]
 
 
+def training_attention(names: tuple[str, ...]) -> AbstractContextManager[None]:
+    """The block a training step runs in (`model.sdpa_kernels`): sdpa held to the named kernels and, as the last
+    resort, math, so that no input is left without a kernel; none named: torch's choice."""
+    if not names:
+        return nullcontext()
+    return _attention_choice(sdpa_backend_list((*names, *(() if "math" in names else ("math",)))), False)
+
+
 def attention_context(names: tuple[str, ...]) -> AbstractContextManager[None]:
     """The block a decoder runs its steps in: sdpa held to the named kernels (none named: torch's choice) and,
     with "triton", decode steps on grpo_kernels.decode_attention. Checks the names now (a one-line ValueError)."""

@@ -120,6 +120,7 @@ class GrpoTuiTrainer(LossPhaseMixin, GRPOTrainer):
         scoring_sub_batch: int | None = None,
         loss_sub_batch: int | None = None,
         activation_offload: bool = False,
+        sdpa_kernels: tuple[str, ...] = (),
         profile_dir: str | None = None,
         on_step_logged: Callable[[GrpoTuiTrainer, dict[str, Any]], None] | None = None,
         on_event: Callable[..., None] | None = None,
@@ -136,6 +137,7 @@ class GrpoTuiTrainer(LossPhaseMixin, GRPOTrainer):
         self.generation_sub_batch = generation_sub_batch
         self.scoring_sub_batch = scoring_sub_batch
         self.loss_sub_batch, self.activation_offload = loss_sub_batch, activation_offload
+        self.sdpa_kernels = sdpa_kernels  # model.sdpa_kernels: held for the whole step (`training_attention`)
         self.on_step_logged = on_step_logged
         super().__init__(*args, **kwargs)
         # $GRPO_TUI_PROFILE_STEP profiles one step into the run folder (profile_dir); None: no profiling.
@@ -229,8 +231,10 @@ class GrpoTuiTrainer(LossPhaseMixin, GRPOTrainer):
             return super()._generate_and_score_completions(inputs)
 
     def training_step(self, model: torch.nn.Module, inputs: Any, num_items_in_batch: Any = None) -> torch.Tensor:
+        from grpo_tui.train.decode_attention import training_attention
+
         self.impl_of_step = self.loss_impl
-        with self.phases.track("loss"):
+        with self.phases.track("loss"), training_attention(self.sdpa_kernels):
             return super().training_step(model, inputs, num_items_in_batch)
 
     # ---- log-probs -------------------------------------------------------------------------------
