@@ -262,6 +262,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not args.fresh.isdecimal():
         parser.error(f"--fresh: got {args.fresh!r}; allowed: a whole number of rollouts, 0 or more")
+    fresh = int(args.fresh)
     began = time.perf_counter()
     device = torch.device(args.device)
     batch_text = args.batches or ("4,8" if args.tiny else "16,128,512")
@@ -320,7 +321,7 @@ def main(argv: list[str] | None = None) -> int:
             if over_budget(f"{name} throughput batch {rows}"):
                 continue
             batch = prompts[:rows]
-            measured = measure(backend, batch, new_tokens, stop_ids.tolist(), device, int(args.fresh))
+            measured = measure(backend, batch, new_tokens, stop_ids.tolist(), device, fresh)
             row = {"backend": name, "batch": rows, **measured}
             context = sum(map(len, batch)) / rows + new_tokens / 2
             bound = rows / (step_bytes(model, rows, context) / bandwidth)

@@ -43,23 +43,23 @@ def chunk_loop(hidden2d, weight, bias, ids, chunks, *, inv_t, token_grad, seq_gr
     dev = hidden2d.device
     stats_dtype = torch.float64 if hidden2d.dtype == torch.float64 else torch.float32
     n_valid = sum(c.size for c in chunks)
-    skipping = n_valid != n_rows
-    logps = (torch.zeros if skipping else torch.empty)((n_rows,), device=dev, dtype=stats_dtype)
-    entropies = torch.zeros_like(logps) if skipping else torch.empty_like(logps)
-    # In valid-row order: the outputs (the dense ones themselves when no row is skipped) and the inputs
-    lp_v = torch.empty((n_valid,), device=dev, dtype=stats_dtype) if skipping else logps
-    ent_v = torch.empty_like(lp_v) if skipping else entropies
+    skipping = n_valid != n_rows  # rows in no chunk keep 0 in every dense output
+    index = chunks[0].index if chunks else None  # the valid rows when some are skipped (None: every row, or none)
+    alloc = torch.zeros if skipping else torch.empty
+    logps = alloc((n_rows,), device=dev, dtype=stats_dtype)
+    entropies = alloc((n_rows,), device=dev, dtype=stats_dtype)
+    # In valid-row order: the outputs (the dense ones themselves when nothing is gathered) and the inputs
+    lp_v = logps if index is None else torch.empty((n_valid,), device=dev, dtype=stats_dtype)
+    ent_v = entropies if index is None else torch.empty_like(lp_v)
     chunk_rows = max((c.size for c in chunks), default=0)
     grads = any(want)
-    ids_v = gather_valid(ids, chunks)
+    ids_v = gather_valid(ids, index)
     if token_grad is not None and grads:
-        token_grad = {k: (gather_valid(v, chunks) if isinstance(v, torch.Tensor) else v) for k, v in token_grad.items()}
+        token_grad = {k: (gather_valid(v, index) if isinstance(v, torch.Tensor) else v) for k, v in token_grad.items()}
     buf = torch.empty((chunk_rows, vocab), device=dev, dtype=hidden2d.dtype)
-    gathers = skipping and n_valid > 0
     # A gathering chunk's hidden rows, contiguous for the GEMMs (one buffer for every chunk)
-    hbuf = torch.empty((chunk_rows, width), device=dev, dtype=hidden2d.dtype) if gathers else None
-    covered = sum(c.size for c in chunks) == n_rows
-    gh = (torch.empty_like if covered else torch.zeros_like)(hidden2d) if want[0] else None
+    hbuf = None if index is None else torch.empty((chunk_rows, width), device=dev, dtype=hidden2d.dtype)
+    gh = (torch.zeros_like if skipping else torch.empty_like)(hidden2d) if want[0] else None
     acc_dtype = weight.dtype if (lean or weight.dtype in (torch.float32, torch.float64)) else torch.float32
     gw = torch.zeros(weight.shape, device=weight.device, dtype=acc_dtype) if want[1] else None
     gb = torch.zeros((vocab,), device=weight.device, dtype=stats_dtype) if want[2] else None
@@ -95,7 +95,7 @@ def chunk_loop(hidden2d, weight, bias, ids, chunks, *, inv_t, token_grad, seq_gr
         elif gh is not None:
             # dH after dW: the gathered rows h_c are read, so their buffer holds dH_c until the scatter
             scatter_rows(gh, chunk.rows, torch.mm(tile, weight, out=hbuf[: chunk.size]))  # [n, H]
-    if skipping and n_valid:
-        scatter_rows(logps, chunks[0].index, lp_v)
-        scatter_rows(entropies, chunks[0].index, ent_v)
+    if index is not None:
+        scatter_rows(logps, index, lp_v)
+        scatter_rows(entropies, index, ent_v)
     return logps, entropies, gh, gw, gb

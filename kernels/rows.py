@@ -66,10 +66,9 @@ def plan_chunks(
     return [Chunk(slice(s, e), e - s, seqs, index) for s, e, seqs in spans]
 
 
-def gather_valid(values: torch.Tensor, chunks: list[Chunk]) -> torch.Tensor:
-    """The valid rows of `values` [N, ...] in valid-row order (what `Chunk.span` indexes): one gather for the
-    whole call, or `values` itself when no row is skipped."""
-    index = chunks[0].index if chunks else None
+def gather_valid(values: torch.Tensor, index: torch.Tensor | None) -> torch.Tensor:
+    """The valid rows of `values` [N, ...] in valid-row order (what `Chunk.span` indexes), `index` being the
+    chunks' `Chunk.index`: one gather for the whole call, or `values` itself when no row is skipped."""
     return values if index is None else values.index_select(0, index)
 
 

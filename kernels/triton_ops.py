@@ -340,10 +340,11 @@ def finish_rows(
         ([n] log-probs, [n] entropies, [n] logsumexp, [n] gradient or None).
     """
     _, n, n_seg = parts.shape
-    buf = torch.empty((4 if grad_inputs else 3, n), device=parts.device, dtype=parts.dtype)
-    logp, ent = out if out is not None else (buf[0], buf[1])
+    # logsumexp and, with grad_inputs, the gradient; the log-probs and entropies in `out` or new
+    lse_grad = torch.empty((2 if grad_inputs else 1, n), device=parts.device, dtype=parts.dtype)
+    logp, ent = out if out is not None else torch.empty((2, n), device=parts.device, dtype=parts.dtype)
     gi = grad_inputs or {}
-    dummy = buf[2]
+    dummy = lse_grad[0]
     old, ref = gi.get("old"), gi.get("ref")
     beta = gi.get("beta", 0.0)
     has_ref = ref is not None and beta != 0.0
@@ -356,8 +357,8 @@ def finish_rows(
         n_seg,
         logp,
         ent,
-        buf[2],
-        buf[3] if grad_inputs else dummy,
+        lse_grad[0],
+        lse_grad[1] if grad_inputs else dummy,
         dummy if old is None else old,
         ref if has_ref else dummy,
         gi.get("adv", dummy),
@@ -373,7 +374,7 @@ def finish_rows(
         _finish_rows_kernel[(-(-n // rows),)](*args, **flags, ROWS=rows, SEGS=segs, num_warps=4)
     else:
         _finish_rows_torch(*args, **flags, ROWS=rows, SEGS=segs)
-    return logp, ent, buf[2], (buf[3] if grad_inputs else None)
+    return logp, ent, lse_grad[0], (lse_grad[1] if grad_inputs else None)
 
 
 def logprob_stats(

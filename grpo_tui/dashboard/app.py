@@ -203,10 +203,9 @@ class GrpoTuiApp(App[int]):
     @work(thread=True, exclusive=True, group="quit")
     def _check_live_then_quit(self) -> None:
         # Runs seen live this session may have ended since (their dashboards closed): ask run.json.
-        from grpo_tui.runs.listing import run_info
-        from grpo_tui.runs.status import LIVE_STATES
+        from grpo_tui.runs.listing import live_among
 
-        live = sorted(p for p in self.live_runs if run_info(p).status in LIVE_STATES)
+        live = sorted(live_among(self.live_runs))
         self.live_runs = set(live)
         call_from_worker(self, self._ask_or_exit, live)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import tomllib
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -76,14 +77,20 @@ def scan_runs(runs_dir: str | os.PathLike[str]) -> list[RunInfo]:
 
 def scan_live_runs(runs_dir: str | os.PathLike[str]) -> list[RunInfo]:
     """The runs under `runs_dir` that are starting or running, newest first: what `scan_runs` finds
-    live, for less. A run whose run.json records an outcome is passed over on that small file alone
-    (`judge` would say the same without its stream), so only the few others are read in full."""
-    found = []
-    for run in list_runs(Path(runs_dir)):
-        meta = run.read_status()
-        if recorded_state(meta) in ENDED_STATES:
-            continue
-        info = run_info(run.path, meta)
-        if info.status in LIVE_STATES:
-            found.append(info)
-    return found
+    live, for less (see `_live_info`)."""
+    return [info for run in list_runs(Path(runs_dir)) if (info := _live_info(run)) is not None]
+
+
+def live_among(paths: Iterable[Path]) -> list[Path]:
+    """Those of the run folders `paths` that are starting or running, in their order."""
+    return [path for path in paths if _live_info(RunDir(Path(path))) is not None]
+
+
+def _live_info(run: RunDir) -> RunInfo | None:
+    # A run whose run.json records an outcome is passed over on that small file alone (`judge` would say the
+    # same without its stream), so only the few others are read in full
+    meta = run.read_status()
+    if recorded_state(meta) in ENDED_STATES:
+        return None
+    info = run_info(run.path, meta)
+    return info if info.status in LIVE_STATES else None

@@ -14,8 +14,8 @@ With the name "triton" in `attention_context` (the graph decoder's default where
 `grpo_kernels.decode_attention` instead: a split-KV Triton kernel that reads only the cache slots the mask
 allows (its torch twin off CUDA); prefill stays on sdpa, held to `PREFILL_ATTENTION`. On the H200
 (Qwen3-0.6B shape, 300 of 512 slots filled) it takes 36.9 us per layer call at 128 rows against sdpa's
-115.8 (cuDNN), 119.1 against 418.5 at 512 rows; rollouts of 128 x 256 run at 30,779 tokens/s against 21,934 in the same run
-(benchmarks/results/h200-2026-12-03c/). An earlier kernel without splits or tensor cores lost (ad36d85).
+115.8 (cuDNN), 119.1 against 418.5 at 512 rows; rollouts of 128 x 256 run at 30,779 tokens/s against
+21,934 in the same run (benchmarks/results/h200-2026-12-03c/). An earlier kernel without splits or tensor cores lost (ad36d85).
 """
 
 from __future__ import annotations
@@ -121,7 +121,7 @@ def training_attention(names: tuple[str, ...]) -> AbstractContextManager[None]:
     resort, math, so that no input is left without a kernel; none named: torch's choice."""
     if not names:
         return nullcontext()
-    return _attention_choice(sdpa_backend_list((*names, *(() if "math" in names else ("math",)))), False)
+    return _attention_choice(sdpa_backend_list(names if "math" in names else (*names, "math")), False)
 
 
 def attention_context(names: tuple[str, ...]) -> AbstractContextManager[None]:

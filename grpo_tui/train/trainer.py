@@ -22,6 +22,7 @@ from trl import GRPOTrainer
 from trl.trainer.utils import nanmax, nanmin
 
 from grpo_tui.config.schema import LOSS_IMPLS
+from grpo_tui.train.decode_attention import training_attention
 from grpo_tui.train.loss_phase import LossPhaseMixin, loss_mask, slice_bounds
 
 # TRL features the chunked path does not implement; each is refused with the GRPOConfig field's name.
@@ -231,8 +232,6 @@ class GrpoTuiTrainer(LossPhaseMixin, GRPOTrainer):
             return super()._generate_and_score_completions(inputs)
 
     def training_step(self, model: torch.nn.Module, inputs: Any, num_items_in_batch: Any = None) -> torch.Tensor:
-        from grpo_tui.train.decode_attention import training_attention
-
         self.impl_of_step = self.loss_impl
         with self.phases.track("loss"), training_attention(self.sdpa_kernels):
             return super().training_step(model, inputs, num_items_in_batch)

@@ -87,11 +87,9 @@ class QuitScreen(ModalScreen[str]):
     @work(thread=True, exclusive=True, group="quit-poll")
     def _check_runs(self) -> None:
         from grpo_tui.dashboard.workers import call_from_worker
-        from grpo_tui.runs.listing import run_info
-        from grpo_tui.runs.status import LIVE_STATES
+        from grpo_tui.runs.listing import live_among
 
-        live = [p for p in self.runs if run_info(p).status in LIVE_STATES]
-        call_from_worker(self, self._runs_seen, live)
+        call_from_worker(self, self._runs_seen, live_among(self.runs))
 
     def _runs_seen(self, live: list[Path]) -> None:
         if not self.is_current:  # answered meanwhile
