@@ -84,7 +84,7 @@ def profile_chunk(rows: int, hidden: int, vocab: int) -> dict:
     """Device ms of each stage of one chunk of `rows` tokens (triton.testing.do_bench medians)."""
     from triton.testing import do_bench
 
-    from . import triton_ops
+    from . import probs, triton_ops
     from .chunk_loop import addmm_acc
 
     g = torch.Generator(device="cuda").manual_seed(1)
@@ -93,8 +93,10 @@ def profile_chunk(rows: int, hidden: int, vocab: int) -> dict:
     ids = torch.randint(0, vocab, (rows,), device="cuda", generator=g)
     tile = torch.empty(rows, vocab, device="cuda", dtype=torch.bfloat16)
     torch.mm(h, w.t(), out=tile)
+    logits = tile.clone()  # the pass rewrites its tile: each of its runs starts from a copy of these
+    bad = torch.zeros(rows, device="cuda", dtype=torch.int32)
     parts, tgt = triton_ops.row_stats(tile, ids, 1.0)
-    lp, _, lse, _ = triton_ops.finish_rows(parts, tgt)
+    lp, _, _, _ = triton_ops.finish_rows(parts, tgt)
     grad_inputs = dict(
         old=None,
         ref=lp - 0.1,
@@ -113,8 +115,11 @@ def profile_chunk(rows: int, hidden: int, vocab: int) -> dict:
         "logits_gemm": lambda: torch.mm(h, w.t(), out=tile),
         "row_stats": lambda: triton_ops.row_stats(tile, ids, 1.0),
         "finish_rows_grad": lambda: triton_ops.finish_rows(parts, tgt, grad_inputs),
-        "logits_to_grad": lambda: triton_ops.logits_to_grad(tile, ids, lse, gvec, 1.0),
+        # the loss's one pass, timed with the copy that restores its input (`tile_copy` alone, to subtract)
+        "tile_copy": lambda: tile.copy_(logits),
+        "probs_pass_with_copy": lambda: probs.probs_pass(tile.copy_(logits), ids, 1.0, bad),
         "dh_gemm": lambda: torch.mm(tile, w, out=gh),
+        "row_scale_hc": lambda: torch.mul(h, gvec.unsqueeze(1), out=gh),
         "dw_gemm_fp32acc": lambda: addmm_acc(acc32, tile.t(), h),
         "dw_gemm_bf16acc": lambda: addmm_acc(acc16, tile.t(), h),
         "dw_acc_zero_fill": lambda: acc32.zero_(),

@@ -1,11 +1,12 @@
-"""The chunk loop behind `functional`: per chunk of valid rows, logits -> row stats -> d(logits) in place ->
-dW/db/dH, with the gradient formed in the forward pass (see `functional`'s docstring for the stages)."""
+"""The chunk loop behind `functional`: per chunk of valid rows, logits -> (scoring) row stats, or (loss) the
+unnormalised softmax in place with its stats -> dW/db/dH, with the gradient formed in the forward pass (see
+`functional`'s docstring for the stages and `probs` for the one-pass softmax)."""
 
 from __future__ import annotations
 
 import torch
 
-from . import triton_ops
+from . import probs, triton_ops
 from .rows import gather_valid, scatter_rows
 
 # `torch.addmm(..., out_dtype=torch.float32)` from bf16/fp16 inputs exists from torch 2.8 on CUDA
@@ -53,12 +54,17 @@ def chunk_loop(hidden2d, weight, bias, ids, chunks, *, inv_t, token_grad, seq_gr
     ent_v = entropies if index is None else torch.empty_like(lp_v)
     chunk_rows = max((c.size for c in chunks), default=0)
     grads = any(want)
+    # The loss's chunks read their logits once (`probs`); scoring (no gradient) needs the statistics only
+    one_pass = grads and (token_grad is not None or seq_grad is not None)
     ids_v = gather_valid(ids, index)
     if token_grad is not None and grads:
         token_grad = {k: (gather_valid(v, index) if isinstance(v, torch.Tensor) else v) for k, v in token_grad.items()}
     buf = torch.empty((chunk_rows, vocab), device=dev, dtype=hidden2d.dtype)
     # A gathering chunk's hidden rows, contiguous for the GEMMs (one buffer for every chunk)
     hbuf = None if index is None else torch.empty((chunk_rows, width), device=dev, dtype=hidden2d.dtype)
+    # c * h_c for the dW GEMM, and the rows `probs_pass` must repair (zeros; left zero by each pass)
+    sbuf = torch.empty((chunk_rows, width), device=dev, dtype=hidden2d.dtype) if one_pass and want[1] else None
+    bad = torch.zeros((chunk_rows,), device=dev, dtype=torch.int32) if one_pass else None
     gh = (torch.zeros_like if skipping else torch.empty_like)(hidden2d) if want[0] else None
     acc_dtype = weight.dtype if (lean or weight.dtype in (torch.float32, torch.float64)) else torch.float32
     gw = torch.zeros(weight.shape, device=weight.device, dtype=acc_dtype) if want[1] else None
@@ -75,26 +81,38 @@ def chunk_loop(hidden2d, weight, bias, ids, chunks, *, inv_t, token_grad, seq_gr
             torch.mm(h_c, w_t, out=tile)
         else:
             torch.addmm(bias, h_c, w_t, out=tile)
-        parts, target_logit = triton_ops.row_stats(tile, ids_c, inv_t)
+        if not one_pass:
+            parts, target_logit = triton_ops.row_stats(tile, ids_c, inv_t)
+            fix = None
+        else:  # tile = exp(z - M) (target column: the raw logit until finish_rows writes exp(z_t - M) - S)
+            parts, target_logit, shift = probs.probs_pass(tile, ids_c, inv_t, bad)
+            fix = (tile, ids_c, shift, -inv_t)
         chunk_grad = None
         if token_grad is not None and grads:
             chunk_grad = {k: (v[chunk.span] if isinstance(v, torch.Tensor) else v) for k, v in token_grad.items()}
         out = (lp_v[chunk.span], ent_v[chunk.span])
-        lp, ent, lse, g = triton_ops.finish_rows(parts, target_logit, chunk_grad, out=out)
+        lp, ent, lse, g = triton_ops.finish_rows(parts, target_logit, chunk_grad, out=out, fix=fix)
+        coef = None if fix is None else shift.unsqueeze(1)  # [n, 1]: c = -g / (T S) (token level), or 1 / S
         if seq_grad is not None and grads:
             g = seq_grad(chunk, lp)
+            coef = coef * g.unsqueeze(1) * -inv_t
         if g is None:
             continue
-        triton_ops.logits_to_grad(tile, ids_c, lse, g, inv_t)
+        # d(loss)/d(logits) = c * tile: a per-row scale, applied to the [n, H] side of each GEMM
+        if tile.dtype == torch.float16:  # c * h_c and tile @ W would leave fp16's range: the tile takes c
+            tile.mul_(coef)
+            coef = None
         if gw is not None:
-            addmm_acc(gw, tile.t(), h_c)
+            addmm_acc(gw, tile.t(), h_c if coef is None else torch.mul(h_c, coef, out=sbuf[: chunk.size]))
         if gb is not None:
-            gb += tile.sum(0, dtype=gb.dtype)
-        if gh is not None and isinstance(chunk.rows, slice):
-            torch.mm(tile, weight, out=gh[chunk.rows])
-        elif gh is not None:
-            # dH after dW: the gathered rows h_c are read, so their buffer holds dH_c until the scatter
-            scatter_rows(gh, chunk.rows, torch.mm(tile, weight, out=hbuf[: chunk.size]))  # [n, H]
+            gb += tile.sum(0, dtype=gb.dtype) if coef is None else torch.mv(tile.t(), coef.squeeze(1).to(tile.dtype))
+        if gh is not None:
+            # Gathered rows: dH after dW (h_c is read there), so their buffer holds dH_c until the scatter
+            dh = torch.mm(tile, weight, out=gh[chunk.rows] if isinstance(chunk.rows, slice) else hbuf[: chunk.size])
+            if coef is not None:
+                dh.mul_(coef)
+            if not isinstance(chunk.rows, slice):
+                scatter_rows(gh, chunk.rows, dh)  # [n, H]
     if index is not None:
         scatter_rows(logps, index, lp_v)
         scatter_rows(entropies, index, ent_v)

@@ -4,16 +4,18 @@ Only the valid rows (mask != 0) reach the GEMMs: each chunk gathers its valid ro
 scattered back (`rows.plan_chunks`), so padding costs nothing; skipped rows get log-prob 0, entropy 0 and a
 gradient of exactly 0. How it works, per chunk of valid rows (whole sequences under sequence-level sampling):
 1. logits = h_c @ W^T (+ b) by cuBLAS into one reused [C, V] buffer (fp32 accumulation inside).
-2. `row_stats` (Triton): one read of the buffer -> log-prob of the target, entropy, logsumexp.
+2. `probs.probs_pass` (Triton): one read and one write of the buffer -> the statistics (log-prob of the target,
+   entropy, logsumexp) and, in place, the softmax unnormalised against a per-row shift known before the pass
+   (the target's logit); scoring reads the buffer once with `row_stats` instead.
 3. d(loss)/d(log-prob) per token: token-level sampling in closed form inside `finish_rows` (a small
    Triton kernel; every normaliser is folded into per-token weights computed once from the full mask);
    sequence-level sampling by autograd through the shared loss math on the chunk's whole sequences.
-4. `logits_to_grad` (Triton): the buffer becomes d(loss)/d(logits) in place.
-5. dW += dlogits^T @ h_c (fp32 accumulator unless `lean`), db += colsum, dH_c = dlogits @ W.
+   `finish_rows` also writes the target's column, so that d(loss)/d(logits) = c * buffer with a per-row c.
+4. dW += buffer^T @ (c * h_c) (fp32 accumulator unless `lean`), db += buffer^T c, dH_c = c * (buffer @ W).
 The loss value and the metrics come from all log-probs at once, through the same loss math as the
 reference. The returned loss carries the gradients; its backward only scales them by grad_output (writing
 the fp32 dW/db accumulators into the leaves' dtype in the same pass).
-No logits are recomputed: 3 GEMMs in all, plus two memory-bound passes over each chunk. One host sync per
+No logits are recomputed: 3 GEMMs in all, plus one memory-bound pass over each chunk. One host sync per
 call (`checks.valid_counts`: the ids' range and the valid-row counts, which size the GEMMs).
 """
 

@@ -1,11 +1,10 @@
 """Memory-bound passes over one chunk's logits: Triton kernels, each with a torch twin of the same signature.
 
-The chunk's logits `[n, V]` come from cuBLAS. Two passes then touch them:
-1. `row_stats`: one read; per (row, vocab segment) the running max, sum of exp and the entropy term,
-   plus the target's logit. `finish_rows` (a small kernel over rows) folds the segments into log-prob,
-   entropy and logsumexp and, for token-level sampling, forms d(loss)/d(log-prob) in closed form.
-2. `logits_to_grad`: one read + one write; overwrites the logits in place with
-   d(loss)/d(logits) = g * (onehot(target) - softmax) / T, ready for the gradient GEMMs.
+The chunk's logits `[n, V]` come from cuBLAS. For scoring, `row_stats` reads them once: per (row, vocab
+segment) the running max, sum of exp and the entropy term, plus the target's logit. `finish_rows` (a small
+kernel over rows) folds the segments into log-prob, entropy and logsumexp and, for token-level sampling, forms
+d(loss)/d(log-prob) in closed form. The loss reads its logits once too, through `probs.probs_pass` (the same
+statistics while it writes the unnormalised softmax), whose target column `finish_rows` then fixes up.
 
 The twins run off CUDA (or without Triton); tests also run the Triton kernels on CPU under TRITON_INTERPRET=1.
 """
@@ -38,8 +37,6 @@ STATS_BLOCK = 4096
 # Raw logits below it (-inf) and masked columns enter `row_stats` as it: its exp against any real logit is exactly
 # 0, where -inf would give NaN (inf * 0, -inf + inf), and differences from it times a segment's count stay finite
 LOGIT_FLOOR = -1e30
-# Columns per program of `logits_to_grad`
-GRAD_BLOCK = 4096
 # "torch" or "triton" pins a backend (tests); None: Triton on CUDA, the torch twins elsewhere. On CPU the
 # Triton kernels run only when pinned and Triton was imported under TRITON_INTERPRET=1: the interpreter is
 # far too slow to be a default. The env var GRPO_KERNELS_BACKEND pins it the same way.
@@ -156,30 +153,6 @@ def _row_stats_torch(
     target_logit.copy_(logits.gather(1, targets.unsqueeze(1)).squeeze(1).to(target_logit.dtype) * inv_t)
 
 
-@_jit(loose=("targets_ptr", "lse_ptr", "grad_ptr"))
-def _logits_to_grad_kernel(logits_ptr, stride, targets_ptr, lse_ptr, grad_ptr, n_cols, inv_t, BLOCK: tl.constexpr):
-    # In place: logits -> g * (onehot(target) - softmax(logits / T)) / T
-    row = tl.program_id(0).to(tl.int64)
-    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    valid = cols < n_cols
-    inv_t = tl.cast(inv_t, tl.float32)
-    ptrs = logits_ptr + row * stride + cols
-    z = tl.load(ptrs, mask=valid, other=0.0).to(tl.float32) * inv_t
-    p = tl.exp(z - tl.load(lse_ptr + row))
-    g = tl.load(grad_ptr + row) * inv_t
-    onehot = (cols == tl.load(targets_ptr + row)).to(tl.float32)
-    tl.store(ptrs, (g * (onehot - p)).to(logits_ptr.dtype.element_ty), mask=valid)
-
-
-def _logits_to_grad_torch(logits, stride, targets, lse, grad, n_cols, inv_t, BLOCK):
-    # `_logits_to_grad_kernel` in torch: the whole chunk at once
-    del stride, n_cols, BLOCK
-    p = torch.exp(logits.to(lse.dtype) * inv_t - lse.unsqueeze(1))
-    out = -p
-    out.scatter_add_(1, targets.unsqueeze(1), torch.ones_like(lse).unsqueeze(1))
-    logits.copy_(out * (grad * inv_t).unsqueeze(1))
-
-
 def next_pow2(n: int) -> int:
     """The smallest power of two >= n (1 for n <= 1): Triton's block shapes are powers of two."""
     return 1 << max(0, (n - 1).bit_length())
@@ -204,7 +177,13 @@ def _finish_rows_kernel(
     beta,
     lo,
     hi,
+    tile_ptr,
+    tile_stride,
+    ids_ptr,
+    shift_ptr,
+    fix_scale,
     HAS_GRAD: tl.constexpr,
+    FIX: tl.constexpr,
     HAS_OLD: tl.constexpr,
     HAS_REF: tl.constexpr,
     ROWS: tl.constexpr,
@@ -227,7 +206,8 @@ def _finish_rows_kernel(
     xs = tl.sum(a * (px + d * ps), axis=1)
     log_s = tl.log(s)
     lse = m + log_s
-    lp = tl.load(target_logit_ptr + rows, mask=rmask, other=0.0) - lse
+    z_t = tl.load(target_logit_ptr + rows, mask=rmask, other=0.0)
+    lp = z_t - lse
     tl.store(logp_ptr + rows, lp, mask=rmask)
     tl.store(ent_ptr + rows, log_s - xs / s, mask=rmask)
     tl.store(lse_ptr + rows, lse, mask=rmask)
@@ -250,6 +230,14 @@ def _finish_rows_kernel(
             g += tl.cast(beta, tl.float32) * (1 - tl.exp(tl.load(ref_ptr + rows, mask=rmask, other=0.0) - lp))
         g = g * tl.load(w_ptr + rows, mask=rmask, other=0.0)
         tl.store(grad_ptr + rows, g, mask=rmask)
+    if FIX:  # the probs pass's target column: exp(z_t - M) - S in fp32 (S against M: exp(m - M) * s)
+        up = tl.exp(m - tl.load(shift_ptr + rows, mask=rmask, other=0.0))
+        at = tile_ptr + rows * tile_stride + tl.load(ids_ptr + rows, mask=rmask, other=0)
+        tl.store(at, ((tl.exp(z_t - m) - s) * up).to(tile_ptr.dtype.element_ty), mask=rmask)
+        coef = 1 / (s * up)  # M -> 1 / S, or with the gradient the row's coefficient c = g * scale / S
+        if HAS_GRAD:
+            coef = coef * g * tl.cast(fix_scale, tl.float32)
+        tl.store(shift_ptr + rows, coef, mask=rmask)
 
 
 def combine_stats(
@@ -265,9 +253,10 @@ def combine_stats(
     return target_logit - lse, log_s - xs / s, lse
 
 
-def _finish_rows_torch(*args, HAS_GRAD, HAS_OLD, HAS_REF, ROWS, SEGS):
+def _finish_rows_torch(*args, HAS_GRAD, FIX, HAS_OLD, HAS_REF, ROWS, SEGS):
     # `_finish_rows_kernel` in torch (its positional arguments), sharing the loss math's closed-form gradient
-    part_max, part_sum, part_xsum, target_logit, _, _, logp, ent, lse, grad, old, ref, adv, w, beta, lo, hi = args
+    part_max, part_sum, part_xsum, target_logit, _, _, logp, ent, lse, grad, old, ref, adv, w, beta, lo, hi = args[:17]
+    tile, _, ids, shift, fix_scale = args[17:]
     del ROWS, SEGS
     out = combine_stats(part_max, part_sum, part_xsum, target_logit)
     for dst, src in zip((logp, ent, lse), out):
@@ -285,6 +274,12 @@ def _finish_rows_torch(*args, HAS_GRAD, HAS_OLD, HAS_REF, ROWS, SEGS):
                 epsilon_high=hi - 1,
             )
         )
+    if FIX:
+        m = part_max.amax(1)
+        s = (torch.exp(part_max - m.unsqueeze(1)) * part_sum).sum(1)
+        up = torch.exp(m - shift)
+        tile.scatter_(1, ids.unsqueeze(1), ((torch.exp(target_logit - m) - s) * up).to(tile.dtype).unsqueeze(1))
+        shift.copy_(1 / (s * up) * (grad * fix_scale if HAS_GRAD else 1))
 
 
 def row_stats(logits: torch.Tensor, targets: torch.Tensor, inv_t: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -327,14 +322,19 @@ def finish_rows(
     target_logit: torch.Tensor,
     grad_inputs: dict | None = None,
     out: tuple[torch.Tensor, torch.Tensor] | None = None,
+    fix: tuple[torch.Tensor, torch.Tensor, torch.Tensor, float] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Log-prob, entropy, logsumexp per row and, given `grad_inputs`, d(loss)/d(log-prob).
 
     Args:
-        parts, target_logit: from `row_stats`.
+        parts, target_logit: from `row_stats`, or from `probs.probs_pass` with `fix`.
         grad_inputs: for token-level sampling: old (or None), ref (or None), adv, w ([n] each) and
             beta, epsilon_low, epsilon_high; None for no gradient.
         out: contiguous [n] tensors of parts' dtype for the log-probs and entropies; None: new ones.
+        fix: (tile, ids, shift, scale) of `probs.probs_pass` and -1/T: tile[i, ids[i]] = exp(z_t - M_i) - S_i is
+            written, and shift becomes the tile's row scale: 1 / S_i, or with `grad_inputs` c_i = -g_i / (T S_i),
+            so that d(loss)/d(logits) = c * tile (from the fp32 sums: exp(M - lse) would lose the logits'
+            rounding at their scale).
 
     Returns:
         ([n] log-probs, [n] entropies, [n] logsumexp, [n] gradient or None).
@@ -366,8 +366,9 @@ def finish_rows(
         beta,
         1 - gi.get("epsilon_low", 0.2),
         1 + gi.get("epsilon_high", 0.2),
+        *((fix[0], fix[0].stride(0), *fix[1:]) if fix else (dummy, 0, dummy, dummy, 0.0)),
     )
-    flags = dict(HAS_GRAD=bool(grad_inputs), HAS_OLD=old is not None, HAS_REF=has_ref)
+    flags = dict(HAS_GRAD=bool(grad_inputs), FIX=fix is not None, HAS_OLD=old is not None, HAS_REF=has_ref)
     segs = min(1 << 20, next_pow2(n_seg))
     rows = max(1, min(64, 4096 // segs))
     if use_triton(parts.device):
@@ -383,18 +384,3 @@ def logprob_stats(
     """([n] log-probs, [n] entropies, [n] logsumexp) of `logits * inv_t` for `targets` (no gradient)."""
     parts, target_logit = row_stats(logits, targets, inv_t)
     return finish_rows(parts, target_logit)[:3]
-
-
-def logits_to_grad(
-    logits: torch.Tensor, targets: torch.Tensor, lse: torch.Tensor, grad_logps: torch.Tensor, inv_t: float
-) -> None:
-    """Overwrite `logits` [n, V] with d(loss)/d(logits) given d(loss)/d(log-prob) `grad_logps` [n]."""
-    n, n_cols = logits.shape
-    if not use_triton(logits.device):
-        _logits_to_grad_torch(logits, logits.stride(0), targets, lse, grad_logps, n_cols, inv_t, GRAD_BLOCK)
-        return
-    block = min(GRAD_BLOCK, next_pow2(n_cols))
-    grid = (n, -(-n_cols // block))
-    _logits_to_grad_kernel[grid](
-        logits, logits.stride(0), targets, lse, grad_logps, n_cols, inv_t, BLOCK=block, num_warps=8
-    )

@@ -184,6 +184,34 @@ def test_row_stats_lanes_compiled(monkeypatch, dtype, segment, block):
     assert lse[5].isnan() and ent[5].isnan()
 
 
+def test_probs_pass_compiled_bf16():
+    # The loss's one pass (tests/kernels/test_probs.py runs the interpreter) on Qwen's vocabulary in bf16: rows
+    # within the shift's window, a target 60 nats below its row's max (repaired), a 1e3 offset, -inf columns;
+    # -(1 / (T S)) * tile must be (onehot - softmax) / T to the tile's bf16 rounding
+    from grpo_kernels import probs
+
+    V = 151936
+    g = torch.Generator(device="cuda").manual_seed(9)
+    z = torch.randn(6, V, device="cuda", generator=g, dtype=torch.float64) * 3
+    ids = torch.randint(0, V, (6,), device="cuda", generator=g)
+    z[1, ids[1]] = z[1].max() + 2  # the target is the max
+    z[2, 5000] = z[2, ids[2]] + 60  # beyond the window: repaired
+    z[3] += 1e3
+    z[4, ::3] = -torch.inf
+    z[4, ids[4]] = 1.0
+    logits = z.bfloat16()
+    zr = logits.double() / 0.7
+    ref = (F.one_hot(ids, V).double() - torch.softmax(zr, -1)) / 0.7
+    tile = logits.clone()
+    parts, target_logit, shift = probs.probs_pass(tile, ids, 1 / 0.7, torch.zeros(8, device="cuda", dtype=torch.int32))
+    lp, ent, lse, _ = triton_ops.finish_rows(parts, target_logit, fix=(tile, ids, shift, -1 / 0.7))
+    grad = -tile.double() * (shift.double() / 0.7).unsqueeze(1)
+    err = (grad - ref).abs() - (2**-8 * ref.abs() + 1e-7)
+    assert (err <= 0).all(), err.amax(1)
+    ref_lse = torch.logsumexp(zr, -1)
+    assert ((lse.double() - ref_lse).abs() <= 1e-4 + 2e-7 * ref_lse.abs()).all(), (lse.double() - ref_lse).abs()
+
+
 def test_selective_logprobs_bf16():
     inp = _inputs(2, 100, 512, 50257, torch.bfloat16)
     lp, ent = selective_logprobs(inp["hidden"].bfloat16(), inp["weight"].bfloat16(), inp["ids"], return_entropy=True)
