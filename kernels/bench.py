@@ -84,7 +84,7 @@ def profile_chunk(rows: int, hidden: int, vocab: int) -> dict:
     """Device ms of each stage of one chunk of `rows` tokens (triton.testing.do_bench medians)."""
     from triton.testing import do_bench
 
-    from . import probs, triton_ops
+    from . import casts, probs, triton_ops
     from .chunk_loop import addmm_acc
 
     g = torch.Generator(device="cuda").manual_seed(1)
@@ -123,8 +123,9 @@ def profile_chunk(rows: int, hidden: int, vocab: int) -> dict:
         "dw_gemm_fp32acc": lambda: addmm_acc(acc32, tile.t(), h),
         "dw_gemm_bf16acc": lambda: addmm_acc(acc16, tile.t(), h),
         "dw_acc_zero_fill": lambda: acc32.zero_(),
-        # The end of a call: cast fp32 dW to bf16, then backward scales it in place
-        "dw_cast_then_scale": lambda: acc32.to(torch.bfloat16).mul_(go.to(torch.bfloat16)),
+        # The backward: grad_output x the fp32 dW accumulator into bf16, ours and torch's generic kernel
+        "dw_scaled_cast": lambda: casts.scaled_cast(acc32, go, torch.bfloat16),
+        "dw_scaled_cast_torch": lambda: torch.mul(acc32, go, out=torch.empty_like(acc32, dtype=torch.bfloat16)),
     }
     out = {"rows": rows}
     for name, fn in stages.items():

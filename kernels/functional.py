@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import torch
 
+from .casts import scaled_cast
 from .checks import check_chunking, check_head, check_loss_args, valid_counts
 from .chunk_loop import chunk_loop
 from .loss_math import GrpoMetrics, finish_metrics, per_token_loss, token_weights
@@ -73,13 +74,12 @@ class _LossWithGrads(torch.autograd.Function):
 
 def _scaled(grad: torch.Tensor | None, dtype: torch.dtype, grad_output: torch.Tensor) -> torch.Tensor | None:
     # grad * grad_output in `dtype`. Already in it: in place (the gradient is ours, a copy would cost another
-    # weight-sized buffer); an accumulator: one kernel reads it and writes the leaf's dtype (on CUDA without a
-    # temporary; TensorIterator makes one only on CPU)
+    # weight-sized buffer); an accumulator: one kernel reads it and writes the leaf's dtype (`casts`)
     if grad is None:
         return None
     if grad.dtype == dtype:
         return grad.mul_(grad_output.to(dtype))
-    return torch.mul(grad, grad_output, out=torch.empty_like(grad, dtype=dtype))
+    return scaled_cast(grad, grad_output, dtype)
 
 
 def _autocast_inputs(hidden, weight, bias):

@@ -212,6 +212,19 @@ def test_probs_pass_compiled_bf16():
     assert ((lse.double() - ref_lse).abs() <= 1e-4 + 2e-7 * ref_lse.abs()).all(), (lse.double() - ref_lse).abs()
 
 
+def test_scaled_cast_compiled_rounds_like_torch():
+    # The backward's write of grad_output x the fp32 dW accumulator (Qwen's head size, a partial last block),
+    # bit for bit torch's rounding (the interpreter truncates bf16, so the CPU tests cover fp16 only)
+    from grpo_kernels import casts
+
+    g = torch.Generator(device="cuda").manual_seed(2)
+    src = torch.randn(151936, 1024, device="cuda", generator=g)[:, :1000].contiguous() * 3
+    for scale in (1.0, -2.5, 3e-5):
+        go = torch.tensor(scale, device="cuda")
+        want = torch.mul(src, go, out=torch.empty_like(src, dtype=torch.bfloat16))
+        assert torch.equal(casts.scaled_cast(src, go, torch.bfloat16).view(torch.int16), want.view(torch.int16))
+
+
 def test_selective_logprobs_bf16():
     inp = _inputs(2, 100, 512, 50257, torch.bfloat16)
     lp, ent = selective_logprobs(inp["hidden"].bfloat16(), inp["weight"].bfloat16(), inp["ids"], return_entropy=True)

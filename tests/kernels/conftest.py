@@ -19,13 +19,14 @@ if not torch.cuda.is_available():
     name = "grpo_kernels.triton_ops"
     if name in sys.modules and not sys.modules[name].INTERPRET:
         importlib.reload(sys.modules[name])
-        # probs decorates its kernels with triton_ops' helpers: again, after them
-        if "grpo_kernels.probs" in sys.modules:
-            importlib.reload(sys.modules["grpo_kernels.probs"])
+        # These decorate their kernels with triton_ops' helpers: again, after them
+        for other in ("grpo_kernels.probs", "grpo_kernels.casts"):
+            if other in sys.modules:
+                importlib.reload(sys.modules[other])
 
 from seeds import next_seed  # tests/ is on sys.path (its conftest.py)
 
-from grpo_kernels import probs, triton_ops
+from grpo_kernels import casts, probs, triton_ops
 
 
 @pytest.fixture(params=["torch", "triton"])
@@ -41,6 +42,7 @@ def backend(request, monkeypatch):
         monkeypatch.setattr(triton_ops, "STATS_BLOCK", 16)
         monkeypatch.setattr(triton_ops, "STATS_SEGMENT", 64)
         monkeypatch.setattr(probs, "PROBS_BLOCK", 32)
+        monkeypatch.setattr(casts, "CAST_BLOCK", 64)
     monkeypatch.setattr(triton_ops, "FORCE_BACKEND", request.param)
     return request.param
 
