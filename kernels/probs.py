@@ -85,7 +85,7 @@ def _probs_kernel(
         e = tl.exp(d)  # masked and -inf columns (at FLOOR): exactly 0
         s, x = tl.split(tl.sum(tl.join(e, e * d), axis=0))
         # The target column gets its own raw bits back (a select, not a mask: the store stays vectorised; a
-        # mask of `cols != target` made it one 2-byte store per column, 4x slower on an H200)
+        # mask of `cols != target` made it one 2-byte store per column: 0.94 vs 0.28 ms a chunk on an H200)
         tl.store(row_ptr + cols, tl.where(cols == target, raw, e.to(raw.dtype)), mask=inside)
         tl.store(part_max_ptr + out, shift)
     else:  # left raw, its statistics against its own max (NaN lands here too, and reaches the row's stats)
