@@ -2,8 +2,8 @@
 
 From a checkout's root, `python -m grpo_tui.train` (how accelerate starts every run) puts the root first on
 sys.path; transformers 5.25 imports Hugging Face's `kernels` package, and found our folder instead: every run
-failed with "cannot import name 'CUDAProperties' from 'kernels'". Importing grpo_tui moves the root behind the
-installed packages.
+failed with "cannot import name 'CUDAProperties' from 'kernels'". Importing grpo_tui or grpo_kernels moves the
+root behind the installed packages.
 """
 
 from __future__ import annotations
@@ -21,17 +21,22 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PROBE = """
 import json, os, sys
-import grpo_tui
+import {package}
 import importlib.util
 spec = importlib.util.find_spec("kernels")
 print(json.dumps({"path": sys.path, "kernels": spec.origin if spec else None}))
 """
 
 
-def _probe(*args: str) -> dict:
+def _probe(package: str) -> dict:
     # `python -c` from the root puts "" (the root) first on sys.path, as `python -m` does
     out = subprocess.run(
-        [sys.executable, *args, "-c", PROBE], cwd=ROOT, capture_output=True, text=True, timeout=120, check=True
+        [sys.executable, "-c", PROBE.replace("{package}", package)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
     )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -42,8 +47,9 @@ def _maps_to_this_checkout() -> bool:
 
 
 @pytest.mark.skipif(not _maps_to_this_checkout(), reason="grpo_kernels is not this checkout's kernels/ folder")
-def test_checkout_root_goes_behind_installed_packages():
-    probe = _probe()
+@pytest.mark.parametrize("package", ["grpo_tui", "grpo_kernels"])  # the two that `python -m` starts from
+def test_checkout_root_goes_behind_installed_packages(package):
+    probe = _probe(package)
     entries = [os.path.realpath(p or ROOT) for p in probe["path"]]
     root_at = [i for i, p in enumerate(entries) if p == str(ROOT)]
     site_at = [i for i, p in enumerate(entries) if p.endswith("site-packages")]
