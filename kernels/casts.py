@@ -31,9 +31,8 @@ def _scaled_cast_kernel(src_ptr, scale_ptr, dst_ptr, n, BLOCK: tl.constexpr):
 def scaled_cast(src: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """A new tensor of `dtype`: src * scale, for an fp32 `src` and a one-element `scale` (grad_output)."""
     out = torch.empty_like(src, dtype=dtype)
-    if not (triton_ops.use_triton(src.device) and src.dtype == torch.float32 and src.is_contiguous()):
-        return torch.mul(src, scale, out=out)
-    if scale.numel() != 1 or scale.device != src.device:
+    fits = src.dtype == torch.float32 and src.is_contiguous() and scale.numel() == 1 and scale.device == src.device
+    if not (fits and triton_ops.use_triton(src.device)):
         return torch.mul(src, scale, out=out)
     n = src.numel()
     _scaled_cast_kernel[(-(-n // CAST_BLOCK),)](src, scale, out, n, BLOCK=CAST_BLOCK, num_warps=8)

@@ -53,17 +53,20 @@ def chunk_loop(hidden2d, weight, bias, ids, chunks, *, inv_t, token_grad, seq_gr
     lp_v = logps if index is None else torch.empty((n_valid,), device=dev, dtype=stats_dtype)
     ent_v = entropies if index is None else torch.empty_like(lp_v)
     chunk_rows = max((c.size for c in chunks), default=0)
-    grads = any(want)
+    if not any(want):
+        token_grad = seq_grad = None
     # The loss's chunks read their logits once (`probs`); scoring (no gradient) needs the statistics only
-    one_pass = grads and (token_grad is not None or seq_grad is not None)
+    one_pass = token_grad is not None or seq_grad is not None
     ids_v = gather_valid(ids, index)
-    if token_grad is not None and grads:
+    if token_grad is not None:
         token_grad = {k: (gather_valid(v, index) if isinstance(v, torch.Tensor) else v) for k, v in token_grad.items()}
     buf = torch.empty((chunk_rows, vocab), device=dev, dtype=hidden2d.dtype)
     # A gathering chunk's hidden rows, contiguous for the GEMMs (one buffer for every chunk)
     hbuf = None if index is None else torch.empty((chunk_rows, width), device=dev, dtype=hidden2d.dtype)
-    # c * h_c for the dW GEMM, and the rows `probs_pass` must repair (zeros; left zero by each pass)
-    sbuf = torch.empty((chunk_rows, width), device=dev, dtype=hidden2d.dtype) if one_pass and want[1] else None
+    # c * h_c for the dW GEMM (fp16 scales the tile instead), and the rows `probs_pass` must repair (zeros; left
+    # zero by each pass)
+    scales_h = one_pass and want[1] and hidden2d.dtype != torch.float16
+    sbuf = torch.empty((chunk_rows, width), device=dev, dtype=hidden2d.dtype) if scales_h else None
     bad = torch.zeros((chunk_rows,), device=dev, dtype=torch.int32) if one_pass else None
     gh = (torch.zeros_like if skipping else torch.empty_like)(hidden2d) if want[0] else None
     acc_dtype = weight.dtype if (lean or weight.dtype in (torch.float32, torch.float64)) else torch.float32
@@ -72,32 +75,33 @@ def chunk_loop(hidden2d, weight, bias, ids, chunks, *, inv_t, token_grad, seq_gr
     w_t = weight.t()
     for chunk in chunks:
         tile = buf[: chunk.size]  # [n, V]
-        if isinstance(chunk.rows, slice):
-            h_c = hidden2d[chunk.rows]  # [n, H], a view
+        rows = chunk.rows  # a slice, or a view of the index
+        gathered = not isinstance(rows, slice)
+        if gathered:
+            h_c = torch.index_select(hidden2d, 0, rows, out=hbuf[: chunk.size])  # [n, H]
         else:
-            h_c = torch.index_select(hidden2d, 0, chunk.rows, out=hbuf[: chunk.size])  # [n, H]
+            h_c = hidden2d[rows]  # [n, H], a view
         ids_c = ids_v[chunk.span]  # [n]
         if bias is None:
             torch.mm(h_c, w_t, out=tile)
         else:
             torch.addmm(bias, h_c, w_t, out=tile)
-        if not one_pass:
-            parts, target_logit = triton_ops.row_stats(tile, ids_c, inv_t)
-            fix = None
-        else:  # tile = exp(z - M) (target column: the raw logit until finish_rows writes exp(z_t - M) - S)
+        if one_pass:  # tile = exp(z - M) (target column: the raw logit until finish_rows writes exp(z_t - M) - S)
             parts, target_logit, shift = probs.probs_pass(tile, ids_c, inv_t, bad)
             fix = (tile, ids_c, shift, -inv_t)
+        else:
+            parts, target_logit = triton_ops.row_stats(tile, ids_c, inv_t)
+            fix = None
         chunk_grad = None
-        if token_grad is not None and grads:
+        if token_grad is not None:
             chunk_grad = {k: (v[chunk.span] if isinstance(v, torch.Tensor) else v) for k, v in token_grad.items()}
         out = (lp_v[chunk.span], ent_v[chunk.span])
-        lp, ent, lse, g = triton_ops.finish_rows(parts, target_logit, chunk_grad, out=out, fix=fix)
-        coef = None if fix is None else shift.unsqueeze(1)  # [n, 1]: c = -g / (T S) (token level), or 1 / S
-        if seq_grad is not None and grads:
-            g = seq_grad(chunk, lp)
-            coef = coef * g.unsqueeze(1) * -inv_t
-        if g is None:
+        lp, _, _, _ = triton_ops.finish_rows(parts, target_logit, chunk_grad, out=out, fix=fix)
+        if not one_pass:
             continue
+        coef = shift.unsqueeze(1)  # [n, 1]: c = -g / (T S) at token level; 1 / S, to scale here, at sequence level
+        if seq_grad is not None:
+            coef = coef * seq_grad(chunk, lp).unsqueeze(1) * -inv_t
         # d(loss)/d(logits) = c * tile: a per-row scale, applied to the [n, H] side of each GEMM
         if tile.dtype == torch.float16:  # c * h_c and tile @ W would leave fp16's range: the tile takes c
             tile.mul_(coef)
@@ -108,11 +112,11 @@ def chunk_loop(hidden2d, weight, bias, ids, chunks, *, inv_t, token_grad, seq_gr
             gb += tile.sum(0, dtype=gb.dtype) if coef is None else torch.mv(tile.t(), coef.squeeze(1).to(tile.dtype))
         if gh is not None:
             # Gathered rows: dH after dW (h_c is read there), so their buffer holds dH_c until the scatter
-            dh = torch.mm(tile, weight, out=gh[chunk.rows] if isinstance(chunk.rows, slice) else hbuf[: chunk.size])
+            dh = torch.mm(tile, weight, out=hbuf[: chunk.size] if gathered else gh[rows])
             if coef is not None:
                 dh.mul_(coef)
-            if not isinstance(chunk.rows, slice):
-                scatter_rows(gh, chunk.rows, dh)  # [n, H]
+            if gathered:
+                scatter_rows(gh, rows, dh)  # [n, H]
     if index is not None:
         scatter_rows(logps, index, lp_v)
         scatter_rows(entropies, index, ent_v)

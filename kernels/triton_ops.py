@@ -68,10 +68,15 @@ def _jit(*, loose: tuple[str, ...] | str = (), loose_ints: tuple[str, ...] = ())
 
 
 @_jit()
+def _floored(raw, FLOOR: tl.constexpr):
+    # Raw logits in fp32, -inf at FLOOR; NaN stays NaN and reaches the row's stats
+    return tl.maximum(raw.to(tl.float32), FLOOR, propagate_nan=tl.PropagateNan.ALL)
+
+
+@_jit()
 def _load_floored(ptrs, mask, FLOOR: tl.constexpr):
-    # [BLOCK] raw logits in fp32, masked columns and -inf at FLOOR; NaN stays NaN and reaches the row's stats
-    z = tl.load(ptrs, mask=mask, other=-float("inf")).to(tl.float32)
-    return tl.maximum(z, FLOOR, propagate_nan=tl.PropagateNan.ALL)
+    # [BLOCK] raw logits in fp32, masked columns and -inf at FLOOR (`_floored`)
+    return _floored(tl.load(ptrs, mask=mask, other=-float("inf")), FLOOR)
 
 
 @_jit(loose=("targets_ptr", "part_max_ptr", "part_sum_ptr", "part_xsum_ptr", "target_logit_ptr"))
@@ -244,13 +249,19 @@ def combine_stats(
     part_max: torch.Tensor, part_sum: torch.Tensor, part_xsum: torch.Tensor, target_logit: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Fold per-segment statistics [n, n_seg] into (log-prob, entropy, logsumexp) per row, in torch."""
+    m, s, xs = _fold(part_max, part_sum, part_xsum)
+    log_s = torch.log(s)
+    lse = m + log_s
+    return target_logit - lse, log_s - xs / s, lse
+
+
+def _fold(
+    part_max: torch.Tensor, part_sum: torch.Tensor, part_xsum: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    # Per row: the max m of the segments' maxima and the sums of exp and of the entropy term against it
     m = part_max.amax(1, keepdim=True)
     a = torch.exp(part_max - m)
-    s = (a * part_sum).sum(1)
-    xs = (a * (part_xsum + (part_max - m) * part_sum)).sum(1)
-    log_s = torch.log(s)
-    lse = m.squeeze(1) + log_s
-    return target_logit - lse, log_s - xs / s, lse
+    return m.squeeze(1), (a * part_sum).sum(1), (a * (part_xsum + (part_max - m) * part_sum)).sum(1)
 
 
 def _finish_rows_torch(*args, HAS_GRAD, FIX, HAS_OLD, HAS_REF, ROWS, SEGS):
@@ -275,8 +286,7 @@ def _finish_rows_torch(*args, HAS_GRAD, FIX, HAS_OLD, HAS_REF, ROWS, SEGS):
             )
         )
     if FIX:
-        m = part_max.amax(1)
-        s = (torch.exp(part_max - m.unsqueeze(1)) * part_sum).sum(1)
+        m, s, _ = _fold(part_max, part_sum, part_xsum)
         up = torch.exp(m - shift)
         tile.scatter_(1, ids.unsqueeze(1), ((torch.exp(target_logit - m) - s) * up).to(tile.dtype).unsqueeze(1))
         shift.copy_(1 / (s * up) * (grad * fix_scale if HAS_GRAD else 1))
