@@ -225,6 +225,31 @@ def test_scaled_cast_compiled_rounds_like_torch():
         assert torch.equal(casts.scaled_cast(src, go, torch.bfloat16).view(torch.int16), want.view(torch.int16))
 
 
+def test_scale_rows_compiled_rounds_like_torch():
+    # The chunk loop's c * h_c and c * dH_c in bf16 at Qwen3-0.6B's width: bit for bit torch's mixed-dtype mul
+    from grpo_kernels import casts
+
+    g = torch.Generator(device="cuda").manual_seed(3)
+    src = (torch.randn(1536, 1024, device="cuda", generator=g) * 4).bfloat16()
+    scale = torch.randn(1536, device="cuda", generator=g) * torch.logspace(-8, 3, 1536, device="cuda")
+    want = torch.mul(src, scale.unsqueeze(1), out=torch.empty_like(src))
+    assert torch.equal(casts.scale_rows(src, scale, torch.empty_like(src)).view(torch.int16), want.view(torch.int16))
+    assert torch.equal(casts.scale_rows(src, scale, src).view(torch.int16), want.view(torch.int16))
+
+
+def test_first_dw_gemm_writes_the_fp32_accumulator():
+    # beta = 0 into an fp32 accumulator from bf16 operands (cuBLAS out_dtype): equals the accumulate into zeros
+    from grpo_kernels.chunk_loop import addmm_acc
+
+    g = torch.Generator(device="cuda").manual_seed(4)
+    a = torch.randn(4096, 1536, device="cuda", generator=g).bfloat16()
+    b = torch.randn(1536, 1024, device="cuda", generator=g).bfloat16()
+    acc, zeros = torch.full((4096, 1024), float("nan"), device="cuda"), torch.zeros(4096, 1024, device="cuda")
+    addmm_acc(acc, a, b, first=True)
+    addmm_acc(zeros, a, b)
+    torch.testing.assert_close(acc, zeros, rtol=1e-6, atol=1e-4)
+
+
 def test_selective_logprobs_bf16():
     inp = _inputs(2, 100, 512, 50257, torch.bfloat16)
     lp, ent = selective_logprobs(inp["hidden"].bfloat16(), inp["weight"].bfloat16(), inp["ids"], return_entropy=True)
