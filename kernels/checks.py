@@ -40,62 +40,37 @@ def check_head(hidden: torch.Tensor, weight: torch.Tensor, ids: torch.Tensor, bi
         raise ValueError(f"ids must be an integer tensor, got {ids.dtype}")
 
 
-class DeviceCounts:
-    """How many positions are valid, and whether the ids of those lie in [0, vocab): asked now, read later.
+def valid_counts(ids: torch.Tensor, mask: torch.Tensor | None, vocab: int, *, per_sequence: bool = False) -> list[int]:
+    """Check that the ids of valid positions lie in [0, vocab); return how many positions are valid.
 
-    The call's one host sync. The reductions and their copy to (pinned) host memory are queued at once and an
-    event marks them; `result()` waits for that event only, so a caller can queue work first (the chunk loop's
-    first chunk) and the device stays busy while the host waits. Ids at masked positions are never read, so
-    padding may hold anything (e.g. -100).
+    The call's one host sync: the ids' range and the counts come back in one read (the chunk loop needs
+    the counts on the host to size its cuBLAS GEMMs). Ids at masked positions are never read, so padding
+    may hold anything (e.g. -100).
 
     Args:
         ids: (B, ...) integer ids; mask: ids.shape, nonzero = valid; None: every position is valid.
         vocab: the vocabulary size V.
         per_sequence: count per leading row of ids (B counts) instead of in total (one count).
+
+    Returns:
+        The counts as host ints.
     """
-
-    def __init__(self, ids: torch.Tensor, mask: torch.Tensor | None, vocab: int, *, per_sequence: bool = False):
-        if mask is not None and tuple(mask.shape) != tuple(ids.shape):
-            raise ValueError(f"mask must have shape {tuple(ids.shape)} (the ids' shape), got {_shape(mask)}")
-        self.vocab = vocab
-        self.rows = ids.shape[0] if per_sequence else 1
-        self.total: torch.Tensor | None = None  # 0-dim device tensor: the valid count (None: every position)
-        self._all = [ids.numel() // max(self.rows, 1)] * self.rows
-        self._values: torch.Tensor | None = None
-        self._event = None
-        if ids.numel() == 0:
-            return
-        if mask is None:
-            seen, counts = ids, None
-        else:
-            valid = mask != 0
-            seen = torch.where(valid, ids, 0)
-            counts = valid.reshape(self.rows, -1).sum(1)  # [rows]
-            self.total = counts.sum()
-        extremes = torch.stack([seen.min(), seen.max()]).long()
-        values = extremes if counts is None else torch.cat([extremes, counts])
-        if values.is_cuda:  # a non-blocking copy lands in pinned memory; the event says when
-            self._values = values.to("cpu", non_blocking=True)
-            self._event = torch.cuda.Event()
-            self._event.record()
-        else:
-            self._values = values
-
-    def result(self) -> list[int]:
-        """The counts as host ints (waits for them); ValueError if a valid position's id is out of range."""
-        if self._values is None:
-            return [0] * self.rows
-        if self._event is not None:
-            self._event.synchronize()
-        values = self._values.tolist()
-        if values[0] < 0 or values[1] >= self.vocab:
-            raise ValueError(f"ids must lie in [0, {self.vocab}) (the vocabulary size)")
-        return values[2:] if self.total is not None else self._all
-
-
-def valid_counts(ids: torch.Tensor, mask: torch.Tensor | None, vocab: int, *, per_sequence: bool = False) -> list[int]:
-    """`DeviceCounts(...).result()`: check the ids of valid positions, return the counts (waits for them)."""
-    return DeviceCounts(ids, mask, vocab, per_sequence=per_sequence).result()
+    if mask is not None and tuple(mask.shape) != tuple(ids.shape):
+        raise ValueError(f"mask must have shape {tuple(ids.shape)} (the ids' shape), got {_shape(mask)}")
+    rows = ids.shape[0] if per_sequence else 1
+    if ids.numel() == 0:
+        return [0] * rows
+    if mask is None:
+        seen, counts = ids, None
+    else:
+        valid = mask != 0
+        seen = torch.where(valid, ids, 0)
+        counts = valid.reshape(rows, -1).sum(1)  # [rows]
+    extremes = torch.stack([seen.min(), seen.max()]).long()
+    values = (extremes if counts is None else torch.cat([extremes, counts])).tolist()
+    if values[0] < 0 or values[1] >= vocab:
+        raise ValueError(f"ids must lie in [0, {vocab}) (the vocabulary size)")
+    return values[2:] if counts is not None else [ids.numel() // rows] * rows
 
 
 def check_loss_args(

@@ -36,7 +36,7 @@ def addmm_acc(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, first: boo
         acc.addmm_(a.to(acc.dtype), b.to(acc.dtype))
 
 
-def chunk_loop(hidden2d, weight, bias, ids, plan, *, inv_t, token_grad, seq_grad, want, lean):
+def chunk_loop(hidden2d, weight, bias, ids, chunks, *, inv_t, token_grad, seq_grad, want, lean):
     """Run the chunks; returns (logps, entropies, grad_hidden, grad_weight, grad_bias), all over N rows.
 
     grad_weight and grad_bias come back in their accumulators' dtypes (fp32 for bf16/fp16 weights unless
@@ -44,9 +44,8 @@ def chunk_loop(hidden2d, weight, bias, ids, plan, *, inv_t, token_grad, seq_grad
     after this frame and every view of the chunk buffers are gone, so the weight-sized result never coexists
     with the [C, V] buffer.
 
-    hidden2d: [N, H]; ids: [N]; plan: a `rows.Plan`, whose first chunk is queued before the host waits for
-    the counts (`plan.rest()`, which raises ValueError on ids out of range). Rows in no chunk are skipped:
-    their log-prob and entropy stay 0 and their rows of grad_hidden exactly 0.
+    hidden2d: [N, H]; ids: [N]; chunks: from `rows.plan_chunks`. Rows in no chunk are skipped: their
+    log-prob and entropy stay 0 and their rows of grad_hidden exactly 0.
     token_grad: dict of [N] tensors and scalars for `triton_ops.finish_rows` (token-level sampling);
     seq_grad: callable (chunk, [n] logps) -> [n] d(loss)/d(logps) (sequence level); both None: no gradient.
     Per-row inputs are gathered and per-row outputs scattered once per call (`rows.gather_valid`): the
@@ -56,19 +55,21 @@ def chunk_loop(hidden2d, weight, bias, ids, plan, *, inv_t, token_grad, seq_grad
     vocab = weight.shape[0]
     dev = hidden2d.device
     stats_dtype = torch.float64 if hidden2d.dtype == torch.float64 else torch.float32
-    index = plan.index  # [N] valid rows first (None: every row counts)
-    first = plan.first
-    chunks = [first] if first is not None else list(plan.rest())  # sequence level: planned after the sync
-    chunk_rows = max((c.size for c in chunks), default=0)
+    n_valid = sum(c.size for c in chunks)
+    skipping = n_valid != n_rows  # rows in no chunk keep 0 in every dense output
+    index = chunks[0].index if chunks else None  # the valid rows when some are skipped (None: every row, or none)
+    alloc = torch.zeros if skipping else torch.empty
+    logps = alloc((n_rows,), device=dev, dtype=stats_dtype)
+    entropies = alloc((n_rows,), device=dev, dtype=stats_dtype)
     # In valid-row order: the outputs (the dense ones themselves when nothing is gathered) and the inputs
-    lp_v = torch.empty((n_rows,), device=dev, dtype=stats_dtype)
-    ent_v = torch.empty_like(lp_v)
+    lp_v = logps if index is None else torch.empty((n_valid,), device=dev, dtype=stats_dtype)
+    ent_v = entropies if index is None else torch.empty_like(lp_v)
+    chunk_rows = max((c.size for c in chunks), default=0)
     if not any(want):
         token_grad = seq_grad = None
     # The loss's chunks read their logits once (`probs`); scoring (no gradient) needs the statistics only
     one_pass = token_grad is not None or seq_grad is not None
-    # In range before the check: the first chunk runs before the host has it
-    ids_v = gather_valid(ids, index).clamp(0, vocab - 1)
+    ids_v = gather_valid(ids, index)
     if token_grad is not None:
         token_grad = {k: (gather_valid(v, index) if isinstance(v, torch.Tensor) else v) for k, v in token_grad.items()}
     buf = torch.empty((chunk_rows, vocab), device=dev, dtype=hidden2d.dtype)
@@ -79,26 +80,18 @@ def chunk_loop(hidden2d, weight, bias, ids, plan, *, inv_t, token_grad, seq_grad
     scales_h = one_pass and want[1] and hidden2d.dtype != torch.float16
     sbuf = torch.empty((chunk_rows, width), device=dev, dtype=hidden2d.dtype) if scales_h else None
     bad = torch.zeros((chunk_rows,), device=dev, dtype=torch.int32) if one_pass else None
-    # Rows may be skipped wherever there is an index: zeros there, and one spare row for the first chunk's dead
-    # entries to be scattered to
-    gh = None
-    if want[0]:
-        gh = hidden2d.new_empty((n_rows, width)) if index is None else hidden2d.new_zeros((n_rows + 1, width))
+    gh = (torch.zeros_like if skipping else torch.empty_like)(hidden2d) if want[0] else None
     acc_dtype = weight.dtype if (lean or weight.dtype in (torch.float32, torch.float64)) else torch.float32
-    gw = torch.empty(weight.shape, device=weight.device, dtype=acc_dtype) if want[1] else None  # the first dW sets it
+    # Set by the first chunk's dW GEMM (zeroed after the loop if no chunk ran)
+    gw = torch.empty(weight.shape, device=weight.device, dtype=acc_dtype) if want[1] else None
     gb = torch.zeros((vocab,), device=weight.device, dtype=stats_dtype) if want[2] else None
     w_t = weight.t()
-    dw_set = False
-    while chunks:
-        chunk = chunks.pop(0)
-        live = plan.live if chunk is first else None  # [n] bool, or None: every entry is a valid row
+    for i, chunk in enumerate(chunks):
         tile = buf[: chunk.size]  # [n, V]
         rows = chunk.rows  # a slice, or a view of the index
         gathered = not isinstance(rows, slice)
         if gathered:
             h_c = torch.index_select(hidden2d, 0, rows, out=hbuf[: chunk.size])  # [n, H]
-            if live is not None:  # dead entries: a zero row (finite logits, whatever row 0 holds)
-                h_c.masked_fill_(~live.unsqueeze(1), 0)
         else:
             h_c = hidden2d[rows]  # [n, H], a view
         ids_c = ids_v[chunk.span]  # [n]
@@ -117,43 +110,30 @@ def chunk_loop(hidden2d, weight, bias, ids, plan, *, inv_t, token_grad, seq_grad
             chunk_grad = {k: (v[chunk.span] if isinstance(v, torch.Tensor) else v) for k, v in token_grad.items()}
         out = (lp_v[chunk.span], ent_v[chunk.span])
         lp, _, _, _ = triton_ops.finish_rows(parts, target_logit, chunk_grad, out=out, fix=fix)
-        if one_pass:
-            _gradients(chunk, tile, h_c, shift, lp, live, seq_grad, inv_t, weight, gw, gb, gh, hbuf, sbuf, dw_set)
-            dw_set = dw_set or gw is not None
-        if chunk is first:
-            chunks = list(plan.rest())  # the host waits here, with the first chunk queued (raises on bad ids)
-    if gw is not None and not dw_set:
-        gw.zero_()  # no chunk (every row masked)
-    logps, entropies = lp_v, ent_v
-    if index is not None and plan.skipping:
-        n_valid = plan.n_valid
-        logps, entropies = torch.zeros_like(lp_v), torch.zeros_like(ent_v)
-        scatter_rows(logps, index[:n_valid], lp_v[:n_valid])
-        scatter_rows(entropies, index[:n_valid], ent_v[:n_valid])
-    return logps, entropies, None if gh is None else gh[:n_rows], gw, gb
-
-
-def _gradients(chunk, tile, h_c, shift, lp, live, seq_grad, inv_t, weight, gw, gb, gh, hbuf, sbuf, dw_set):
-    # One chunk's share of dW, db, dH from its unnormalised softmax: d(loss)/d(logits) = c * tile
-    coef = shift  # [n]: c = -g / (T S) at token level; 1 / S, to scale here, at sequence level
-    if seq_grad is not None:
-        coef = coef * seq_grad(chunk, lp) * -inv_t
-    if live is not None:
-        coef.masked_fill_(~live, 0)  # dead entries add nothing anywhere
-    if tile.dtype == torch.float16:  # c * h_c and tile @ W would leave fp16's range: the tile takes c
-        tile.mul_(coef.unsqueeze(1))
-        coef = None
-    rows = chunk.rows
-    gathered = not isinstance(rows, slice)
-    if gw is not None:
-        addmm_acc(gw, tile.t(), h_c if coef is None else scale_rows(h_c, coef, sbuf[: chunk.size]), first=not dw_set)
-    if gb is not None:
-        gb += tile.sum(0, dtype=gb.dtype) if coef is None else torch.mv(tile.t(), coef.to(tile.dtype))
-    if gh is not None:
-        # Gathered rows: dH after dW (h_c is read there), so their buffer holds dH_c until the scatter
-        dh = torch.mm(tile, weight, out=hbuf[: chunk.size] if gathered else gh[rows])
-        if coef is not None:
-            scale_rows(dh, coef, dh)
-        if gathered:
-            # the first chunk's dead entries land on the spare row
-            scatter_rows(gh, rows if live is None else torch.where(live, rows, gh.shape[0] - 1), dh)  # [n, H]
+        if not one_pass:
+            continue
+        coef = shift  # [n]: c = -g / (T S) at token level; 1 / S, to scale here, at sequence level
+        if seq_grad is not None:
+            coef = coef * seq_grad(chunk, lp) * -inv_t
+        # d(loss)/d(logits) = c * tile: a per-row scale, applied to the [n, H] side of each GEMM
+        if tile.dtype == torch.float16:  # c * h_c and tile @ W would leave fp16's range: the tile takes c
+            tile.mul_(coef.unsqueeze(1))
+            coef = None
+        if gw is not None:
+            ch = h_c if coef is None else scale_rows(h_c, coef, sbuf[: chunk.size])
+            addmm_acc(gw, tile.t(), ch, first=i == 0)
+        if gb is not None:
+            gb += tile.sum(0, dtype=gb.dtype) if coef is None else torch.mv(tile.t(), coef.to(tile.dtype))
+        if gh is not None:
+            # Gathered rows: dH after dW (h_c is read there), so their buffer holds dH_c until the scatter
+            dh = torch.mm(tile, weight, out=hbuf[: chunk.size] if gathered else gh[rows])
+            if coef is not None:
+                scale_rows(dh, coef, dh)
+            if gathered:
+                scatter_rows(gh, rows, dh)  # [n, H]
+    if gw is not None and not chunks:
+        gw.zero_()  # every row masked: no chunk set it
+    if index is not None:
+        scatter_rows(logps, index, lp_v)
+        scatter_rows(entropies, index, ent_v)
+    return logps, entropies, gh, gw, gb

@@ -1,7 +1,7 @@
 """Public functions: chunked linear + GRPO loss with the gradient formed during the forward pass.
 
 Only the valid rows (mask != 0) reach the GEMMs: each chunk gathers its valid rows and per-row outputs are
-scattered back (`rows.Plan`), so padding costs nothing; skipped rows get log-prob 0, entropy 0 and a
+scattered back (`rows.plan_chunks`), so padding costs nothing; skipped rows get log-prob 0, entropy 0 and a
 gradient of exactly 0. How it works, per chunk of valid rows (whole sequences under sequence-level sampling):
 1. logits = h_c @ W^T (+ b) by cuBLAS into one reused [C, V] buffer (fp32 accumulation inside).
 2. `probs.probs_pass` (Triton): one read and one write of the buffer -> the statistics (log-prob of the target,
@@ -16,8 +16,7 @@ The loss value and the metrics come from all log-probs at once, through the same
 reference. The returned loss carries the gradients; its backward only scales them by grad_output (writing
 the fp32 dW/db accumulators into the leaves' dtype in the same pass).
 No logits are recomputed: 3 GEMMs in all, plus one memory-bound pass over each chunk. One host sync per
-call (`checks.DeviceCounts`: the ids' range and the valid-row counts, which size the GEMMs), waited for only
-once the first chunk is queued, so that the device is never idle behind it (`rows.Plan`).
+call (`checks.valid_counts`: the ids' range and the valid-row counts, which size the GEMMs).
 """
 
 from __future__ import annotations
@@ -25,10 +24,10 @@ from __future__ import annotations
 import torch
 
 from .casts import scaled_cast
-from .checks import DeviceCounts, check_chunking, check_head, check_loss_args
+from .checks import check_chunking, check_head, check_loss_args, valid_counts
 from .chunk_loop import chunk_loop
 from .loss_math import GrpoMetrics, finish_metrics, per_token_loss, token_weights
-from .rows import Chunk, Plan
+from .rows import Chunk, plan_chunks
 
 # Bytes of the reused [C, V] logits buffer that the default chunk size aims at (C = 1536 at V = 152k in bf16):
 # with the fp32 dW accumulator this keeps the extra peak under TRL 1.16's fused head at every batch size
@@ -261,9 +260,8 @@ def _fused_linear_grpo_loss(
                 )
                 return torch.autograd.grad((loss_tok * weights[seqs]).sum(), x)[0]
 
-    # The one host sync, read only once the first chunk is queued (`rows.Plan`)
-    counts = DeviceCounts(completion_ids, completion_mask, vocab, per_sequence=by_sequence)
-    plan = Plan(
+    counts = valid_counts(completion_ids, completion_mask, vocab, per_sequence=by_sequence)  # the one host sync
+    chunks = plan_chunks(
         valid.reshape(-1),
         batch * seq,
         counts,
@@ -276,7 +274,7 @@ def _fused_linear_grpo_loss(
             weight,
             bias,
             completion_ids.reshape(-1).long(),
-            plan,
+            chunks,
             inv_t=1.0 / temperature,
             token_grad=token_grad,
             seq_grad=seq_grad,
@@ -325,8 +323,8 @@ def selective_logprobs(
         hidden, weight, bias = _autocast_inputs(hidden, weight, bias)
     check_head(hidden, weight, ids, bias)
     check_chunking(temperature, chunk_tokens)
-    counts = DeviceCounts(ids, mask, weight.shape[0])  # the one host sync, read after the first chunk is queued
-    plan = Plan(
+    counts = valid_counts(ids, mask, weight.shape[0])  # the one host sync
+    chunks = plan_chunks(
         None if mask is None else (mask != 0).reshape(-1),
         ids.numel(),
         counts,
@@ -339,7 +337,7 @@ def selective_logprobs(
             weight,
             bias,
             ids.reshape(-1).long(),
-            plan,
+            chunks,
             inv_t=1.0 / temperature,
             token_grad=None,
             seq_grad=None,
