@@ -80,7 +80,14 @@ def chunk_loop(hidden2d, weight, bias, ids, chunks, *, inv_t, token_grad, seq_gr
     scales_h = one_pass and want[1] and hidden2d.dtype != torch.float16
     sbuf = torch.empty((chunk_rows, width), device=dev, dtype=hidden2d.dtype) if scales_h else None
     bad = torch.zeros((chunk_rows,), device=dev, dtype=torch.int32) if one_pass else None
-    gh = (torch.zeros_like if skipping else torch.empty_like)(hidden2d) if want[0] else None
+    # dH: into its rows of the dense gradient, or, rows being skipped, in valid-row order first (the dense one,
+    # padding included, is allocated and filled only after the chunk buffer is freed: at 75% padding it is 4x the
+    # valid rows' size)
+    gh = gh_v = None
+    if want[0] and index is not None:
+        gh_v = hidden2d.new_empty((n_valid, width))
+    elif want[0]:
+        gh = (torch.zeros_like if skipping else torch.empty_like)(hidden2d)
     acc_dtype = weight.dtype if (lean or weight.dtype in (torch.float32, torch.float64)) else torch.float32
     # Set by the first chunk's dW GEMM (zeroed after the loop if no chunk ran)
     gw = torch.empty(weight.shape, device=weight.device, dtype=acc_dtype) if want[1] else None
@@ -124,15 +131,17 @@ def chunk_loop(hidden2d, weight, bias, ids, chunks, *, inv_t, token_grad, seq_gr
             addmm_acc(gw, tile.t(), ch, first=i == 0)
         if gb is not None:
             gb += tile.sum(0, dtype=gb.dtype) if coef is None else torch.mv(tile.t(), coef.to(tile.dtype))
-        if gh is not None:
-            # Gathered rows: dH after dW (h_c is read there), so their buffer holds dH_c until the scatter
-            dh = torch.mm(tile, weight, out=hbuf[: chunk.size] if gathered else gh[rows])
+        if want[0]:
+            dh = torch.mm(tile, weight, out=gh_v[chunk.span] if gathered else gh[rows])  # [n, H]
             if coef is not None:
                 scale_rows(dh, coef, dh)
-            if gathered:
-                scatter_rows(gh, rows, dh)  # [n, H]
     if gw is not None and not chunks:
         gw.zero_()  # every row masked: no chunk set it
+    if gh_v is not None:
+        del buf, tile, fix  # the chunk buffer and its views: freed before the dense dH exists
+        gh = torch.zeros_like(hidden2d)
+        scatter_rows(gh, index, gh_v)
+        del gh_v
     if index is not None:
         scatter_rows(logps, index, lp_v)
         scatter_rows(entropies, index, ent_v)

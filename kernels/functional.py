@@ -32,6 +32,12 @@ from .rows import Chunk, plan_chunks
 # Bytes of the reused [C, V] logits buffer that the default chunk size aims at (C = 1536 at V = 152k in bf16):
 # with the fp32 dW accumulator this keeps the extra peak under TRL 1.16's fused head at every batch size
 CHUNK_BUFFER_BYTES = 448 * 2**20
+# From this many valid tokens a loss call takes the larger buffer below (C = 2048 at V = 152k): each chunk's dW
+# GEMM then adds a longer product (K = C) into the fp32 accumulator, whose read and write cost the same per
+# chunk (H200, call N: 56.7 vs 59.1 ms at 32k tokens, 28.1 vs 28.9 at 16k). TRL's head holds >= 1,275 MiB from
+# 16k tokens on, ours then ~1,230-1,260 MiB; below, 1,536 rows keep us under its 1,179 MiB at 4k
+LARGE_CALL_TOKENS = 16384
+LARGE_CALL_BUFFER_BYTES = 600 * 2**20
 # The same for scoring (`selective_logprobs`; no dW accumulator, so the buffer is nearly the whole extra peak):
 # C = 768 at V = 152k in bf16 (223 MiB), under TRL 1.16's scoring peak at 4k tokens (264 MiB) and still
 # faster than it; 512 rows (149 MiB) measured 2-10% slower than 768 on the H200, behind TRL at 16k-32k tokens
@@ -40,10 +46,18 @@ SCORING_BUFFER_BYTES = 224 * 2**20
 MIN_CHUNK, MAX_CHUNK, CHUNK_STEP = 256, 16384, 256
 
 
-def default_chunk_tokens(vocab: int, dtype: torch.dtype, lean: bool = False, *, scoring: bool = False) -> int:
-    """Rows per chunk so that the logits buffer stays under CHUNK_BUFFER_BYTES (half of it when lean), or
-    under SCORING_BUFFER_BYTES for scoring."""
-    budget = SCORING_BUFFER_BYTES if scoring else CHUNK_BUFFER_BYTES // (2 if lean else 1)
+def default_chunk_tokens(
+    vocab: int, dtype: torch.dtype, lean: bool = False, *, scoring: bool = False, tokens: int = 0
+) -> int:
+    """Rows per chunk so that the logits buffer stays under its budget: CHUNK_BUFFER_BYTES for the loss
+    (LARGE_CALL_BUFFER_BYTES from LARGE_CALL_TOKENS valid `tokens` on; half of CHUNK_BUFFER_BYTES when lean), or
+    SCORING_BUFFER_BYTES for scoring."""
+    if scoring:
+        budget = SCORING_BUFFER_BYTES
+    elif lean:
+        budget = CHUNK_BUFFER_BYTES // 2
+    else:
+        budget = LARGE_CALL_BUFFER_BYTES if tokens >= LARGE_CALL_TOKENS else CHUNK_BUFFER_BYTES
     rows = budget // (vocab * torch.finfo(dtype).bits // 8) // CHUNK_STEP * CHUNK_STEP
     return max(MIN_CHUNK, min(MAX_CHUNK, rows))
 
@@ -130,7 +144,7 @@ def fused_linear_grpo_loss(
         beta, epsilon_low, epsilon_high, loss_type, temperature, max_completion_length,
         num_items_in_batch, importance_sampling_level: as in TRL's GRPOConfig.
         chunk_tokens: rows per chunk (rounded down to whole sequences for sequence-level sampling);
-            default `default_chunk_tokens(V, dtype, lean)`.
+            default `default_chunk_tokens(V, dtype, lean, tokens=<valid tokens>)`.
         lean: accumulate the weight gradient in the weight's dtype and use half-size chunks: less
             memory, but each chunk's partial dW is rounded to bf16 before the sum.
 
@@ -265,7 +279,7 @@ def _fused_linear_grpo_loss(
         valid.reshape(-1),
         batch * seq,
         counts,
-        chunk_tokens or default_chunk_tokens(vocab, hidden.dtype, lean),
+        chunk_tokens or default_chunk_tokens(vocab, hidden.dtype, lean, tokens=sum(counts)),
         whole_sequences=by_sequence,
     )
     with torch.no_grad():

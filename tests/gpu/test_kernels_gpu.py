@@ -293,7 +293,7 @@ def test_bf16_padded_rows_skipped_match_fp64_reference(level):
 @pytest.mark.parametrize("padding", [0, 50])
 def test_bf16_extra_peak_is_the_accumulator_and_one_chunk(padding):
     # Qwen's head at 4,096 valid tokens: the loss's extra peak (grads included) is the fp32 dW accumulator +
-    # the [C, V] chunk buffer + hidden.grad, never also the bf16 copy of dW (d774db5 kept a view of the
+    # the [C, V] chunk buffer + the valid rows' dH, never also the bf16 copy of dW (d774db5 kept a view of the
     # chunk buffer alive during that copy: +297 MiB); scoring's is its own, smaller chunk buffer
     from grpo_kernels import default_chunk_tokens
 
@@ -315,8 +315,9 @@ def test_bf16_extra_peak_is_the_accumulator_and_one_chunk(padding):
         return (torch.cuda.max_memory_allocated() - base) / MIB
 
     loss_mib = extra_mib(lambda: fused_linear_grpo_loss(hidden, weight, ids, mask, adv)[0].backward())
-    chunk = default_chunk_tokens(V, torch.bfloat16)
-    expected = (V * H * 4 + chunk * V * 2 + hidden.numel() * 2) / MIB  # 593.5 + 445.1 + 8 (0% padding)
+    chunk = default_chunk_tokens(V, torch.bfloat16, tokens=int(mask.sum()))
+    # dH of the valid rows (the dense hidden.grad, padding included, exists only once the buffer is freed)
+    expected = (V * H * 4 + chunk * V * 2 + int(mask.sum()) * H * 2) / MIB  # 593.5 + 445.1 + 8
     assert expected - 1 < loss_mib < expected + 16, (loss_mib, expected)
     hidden.grad = weight.grad = None
     score_mib = extra_mib(lambda: selective_logprobs(hidden.detach(), weight.detach(), ids, mask=mask))

@@ -71,6 +71,51 @@ def test_chunk_buffer_freed_before_the_dw_write(monkeypatch, mask_kind):
     assert alive == [V * H * 4], f"alive at the dW write: {alive} bytes (chunk buffer {chunk_bytes})"
 
 
+def test_dense_hidden_grad_comes_after_the_chunk_buffer(monkeypatch):
+    # Rows skipped: dH is kept in valid-row order and the dense hidden.grad (padding rows included: 4x the valid
+    # rows at 75% padding) is allocated and filled only once the chunk buffer is gone, so it adds nothing to
+    # the loop's peak
+    from grpo_kernels import chunk_loop
+
+    g = torch.Generator().manual_seed(0)
+    hidden = torch.randn(B, T, H, generator=g).bfloat16().requires_grad_()
+    weight = (torch.randn(V, H, generator=g) * 0.1).bfloat16().requires_grad_()
+    ids = torch.randint(0, V, (B, T), generator=g)
+    mask = torch.ones(B, T, dtype=torch.int64)
+    mask[:, T // 4 :] = 0  # 75% padding
+    seen = []
+    scatter = chunk_loop.scatter_rows
+
+    def spy(dense, rows, values):
+        if dense.shape == (B * T, H):  # the dense dH being filled: what else is alive right now?
+            seen.append(_live_storages())
+        return scatter(dense, rows, values)
+
+    before = set(_live_storages())
+    monkeypatch.setattr(chunk_loop, "scatter_rows", spy)
+    loss, _ = fused_linear_grpo_loss(hidden, weight, ids, mask, torch.randn(B, generator=g), chunk_tokens=CHUNK)
+    monkeypatch.undo()
+    assert len(seen) == 1, "dH was not scattered once: the test no longer watches the end of the loop"
+    chunk_bytes = min(CHUNK, int(mask.sum())) * V * 2
+    alive = sorted(n for ptr, n in seen[0].items() if n >= chunk_bytes and ptr not in before)
+    assert alive == [V * H * 4], f"alive at the dH scatter: {alive} bytes (chunk buffer {chunk_bytes})"
+    loss.backward()
+    assert torch.equal(hidden.grad[mask == 0], torch.zeros_like(hidden.grad[mask == 0]))
+
+
+def test_large_calls_take_the_larger_chunk():
+    # From LARGE_CALL_TOKENS valid tokens the loss's buffer grows to LARGE_CALL_BUFFER_BYTES (2,048 rows at
+    # Qwen's vocabulary); scoring and lean keep theirs
+    from grpo_kernels.functional import LARGE_CALL_BUFFER_BYTES, LARGE_CALL_TOKENS
+
+    vocab = 151936
+    assert default_chunk_tokens(vocab, torch.bfloat16, tokens=LARGE_CALL_TOKENS - 1) == 1536
+    assert default_chunk_tokens(vocab, torch.bfloat16, tokens=LARGE_CALL_TOKENS) == 2048
+    assert 2048 * vocab * 2 <= LARGE_CALL_BUFFER_BYTES
+    assert default_chunk_tokens(vocab, torch.bfloat16, lean=True, tokens=10**6) == 768
+    assert default_chunk_tokens(vocab, torch.bfloat16, scoring=True, tokens=10**6) == 768
+
+
 def test_scoring_chunk_is_sized_by_its_own_budget():
     vocab = 151936  # Qwen's vocabulary in bf16: 1,536 rows (445 MiB) for the loss, 768 (223 MiB) for scoring
     loss_rows = default_chunk_tokens(vocab, torch.bfloat16)
