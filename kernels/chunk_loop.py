@@ -92,6 +92,9 @@ def chunk_loop(hidden2d, weight, bias, ids, chunks, *, inv_t, token_grad, seq_gr
     # Set by the first chunk's dW GEMM (zeroed after the loop if no chunk ran)
     gw = torch.empty(weight.shape, device=weight.device, dtype=acc_dtype) if want[1] else None
     gb = torch.zeros((vocab,), device=weight.device, dtype=stats_dtype) if want[2] else None
+    # Scoring: every chunk's row statistics in one pair of buffers, one `finish_rows` launch per call (a 4k-token
+    # scoring call is host-bound: each launch saved counts)
+    stats = None if one_pass else triton_ops.stats_buffers(n_valid, vocab, hidden2d.dtype, dev)
     w_t = weight.t()
     for i, chunk in enumerate(chunks):
         tile = buf[: chunk.size]  # [n, V]
@@ -109,16 +112,14 @@ def chunk_loop(hidden2d, weight, bias, ids, chunks, *, inv_t, token_grad, seq_gr
         if one_pass:  # tile = exp(z - M) (target column: the raw logit until finish_rows writes exp(z_t - M) - S)
             parts, target_logit, shift = probs.probs_pass(tile, ids_c, inv_t, bad)
             fix = (tile, ids_c, shift, -inv_t)
-        else:
-            parts, target_logit = triton_ops.row_stats(tile, ids_c, inv_t)
-            fix = None
+        else:  # scoring: the statistics only, finished for every row at once after the loop
+            triton_ops.row_stats(tile, ids_c, inv_t, out=(stats[0][:, chunk.span], stats[1][chunk.span]))
+            continue
         chunk_grad = None
         if token_grad is not None:
             chunk_grad = {k: (v[chunk.span] if isinstance(v, torch.Tensor) else v) for k, v in token_grad.items()}
         out = (lp_v[chunk.span], ent_v[chunk.span])
         lp, _, _, _ = triton_ops.finish_rows(parts, target_logit, chunk_grad, out=out, fix=fix)
-        if not one_pass:
-            continue
         coef = shift  # [n]: c = -g / (T S) at token level; 1 / S, to scale here, at sequence level
         if seq_grad is not None:
             coef = coef * seq_grad(chunk, lp) * -inv_t
@@ -135,6 +136,8 @@ def chunk_loop(hidden2d, weight, bias, ids, chunks, *, inv_t, token_grad, seq_gr
             dh = torch.mm(tile, weight, out=gh_v[chunk.span] if gathered else gh[rows])  # [n, H]
             if coef is not None:
                 scale_rows(dh, coef, dh)
+    if stats is not None and chunks:
+        triton_ops.finish_rows(*stats, out=(lp_v, ent_v))
     if gw is not None and not chunks:
         gw.zero_()  # every row masked: no chunk set it
     if gh_v is not None:

@@ -292,23 +292,38 @@ def _finish_rows_torch(*args, HAS_GRAD, FIX, HAS_OLD, HAS_REF, ROWS, SEGS):
         shift.copy_(1 / (s * up) * (grad * fix_scale if HAS_GRAD else 1))
 
 
-def row_stats(logits: torch.Tensor, targets: torch.Tensor, inv_t: float) -> tuple[torch.Tensor, torch.Tensor]:
+def stats_buffers(n: int, n_cols: int, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Empty `row_stats` outputs for n rows of n_cols logits of `dtype`: ([3, n, n_seg], [n]), fp32 (fp64 for
+    fp64), e.g. one pair for a whole call, each chunk writing its rows' slice (`row_stats(..., out=...)`)."""
+    stats_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+    n_seg = _stats_geometry(n_cols)[2]
+    return torch.empty((3, n, n_seg), device=device, dtype=stats_dtype), torch.empty(
+        (n,), device=device, dtype=stats_dtype
+    )
+
+
+def row_stats(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    inv_t: float,
+    out: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-(row, vocab segment) statistics of `logits * inv_t` and each row's target logit.
 
     Args:
         logits: [n, V] chunk of logits (row stride may exceed V).
         targets: [n] int64 target ids in [0, V).
         inv_t: 1 / temperature.
+        out: ([3, n, n_seg], [n]) to write into, e.g. slices of `stats_buffers` (each parts[i] contiguous);
+            None: new ones.
 
     Returns:
         ([3, n, n_seg] running max / sum of exp / sum of exp * (z - max), [n] scaled target logits),
         fp32 (fp64 for fp64 logits).
     """
     n, n_cols = logits.shape
-    stats_dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
     block, seg, n_seg = _stats_geometry(n_cols)
-    parts = torch.empty((3, n, n_seg), device=logits.device, dtype=stats_dtype)
-    target_logit = torch.empty((n,), device=logits.device, dtype=stats_dtype)
+    parts, target_logit = out if out is not None else stats_buffers(n, n_cols, logits.dtype, logits.device)
     args = (logits, logits.stride(0), targets, parts[0], parts[1], parts[2], target_logit, n_cols, n_seg, inv_t)
     shape = dict(SEG=seg, BLOCK=block, FLOOR=LOGIT_FLOOR)
     if not use_triton(logits.device):

@@ -223,3 +223,23 @@ def test_per_row_inputs_gathered_and_outputs_scattered_once_per_call(make_inputs
     assert counts.get("aten::index_copy_", 0) == 2 + (1 if grad else 0)
     # the ids (and for the loss old, adv, w) once; the hidden rows once per chunk
     assert counts.get("aten::index_select", 0) == (4 if grad else 1) + chunks
+
+
+def test_scoring_finishes_every_row_in_one_launch(backend, monkeypatch, make_inputs):
+    # A 4k-token scoring call is host-bound: the chunks only write their rows' statistics, and one finish_rows
+    # launch per call turns them into log-probs and entropies (equal to the reference, masked or not)
+    from grpo_kernels import triton_ops
+
+    inp = make_inputs(B=3, T=7, V=150)
+    calls = []
+    finish = triton_ops.finish_rows
+    monkeypatch.setattr(triton_ops, "finish_rows", lambda *a, **k: calls.append(1) or finish(*a, **k))
+    h, w, b = (inp[k].float() for k in ("hidden", "weight", "bias"))
+    ref_lp, ref_ent = reference_logprobs(inp["hidden"], inp["weight"], inp["ids"], bias=inp["bias"])
+    for mask in (None, _masks(3, 7)["holes"]):
+        calls.clear()
+        lp, ent = selective_logprobs(h, w, inp["ids"], mask=mask, bias=b, return_entropy=True, chunk_tokens=4)
+        assert len(calls) == 1
+        valid = torch.ones(3, 7, dtype=torch.bool) if mask is None else mask != 0
+        torch.testing.assert_close(lp.double()[valid], ref_lp[valid], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(ent.double()[valid], ref_ent[valid], rtol=1e-5, atol=1e-5)
