@@ -293,13 +293,10 @@ def _finish_rows_torch(*args, HAS_GRAD, FIX, HAS_OLD, HAS_REF, ROWS, SEGS):
 
 
 def stats_buffers(n: int, n_cols: int, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Empty `row_stats` outputs for n rows of n_cols logits of `dtype`: ([3, n, n_seg], [n]), fp32 (fp64 for
-    fp64), e.g. one pair for a whole call, each chunk writing its rows' slice (`row_stats(..., out=...)`)."""
-    stats_dtype = torch.float64 if dtype == torch.float64 else torch.float32
-    n_seg = _stats_geometry(n_cols)[2]
-    return torch.empty((3, n, n_seg), device=device, dtype=stats_dtype), torch.empty(
-        (n,), device=device, dtype=stats_dtype
-    )
+    """Empty `row_stats` outputs for n rows of n_cols columns ([3, n, n_seg], [n]: fp32, fp64 for fp64): one pair
+    can serve a whole call, each chunk writing its rows' slices (`row_stats(..., out=...)`)."""
+    kw = dict(device=device, dtype=torch.float64 if dtype == torch.float64 else torch.float32)
+    return torch.empty((3, n, _stats_geometry(n_cols)[2]), **kw), torch.empty((n,), **kw)
 
 
 def row_stats(
@@ -314,8 +311,7 @@ def row_stats(
         logits: [n, V] chunk of logits (row stride may exceed V).
         targets: [n] int64 target ids in [0, V).
         inv_t: 1 / temperature.
-        out: ([3, n, n_seg], [n]) to write into, e.g. slices of `stats_buffers` (each parts[i] contiguous);
-            None: new ones.
+        out: ([3, n, n_seg], [n]) to write into (each parts[i] contiguous), e.g. slices of `stats_buffers`.
 
     Returns:
         ([3, n, n_seg] running max / sum of exp / sum of exp * (z - max), [n] scaled target logits),
@@ -402,11 +398,3 @@ def finish_rows(
     else:
         _finish_rows_torch(*args, **flags, ROWS=rows, SEGS=segs)
     return logp, ent, lse_grad[0], (lse_grad[1] if grad_inputs else None)
-
-
-def logprob_stats(
-    logits: torch.Tensor, targets: torch.Tensor, inv_t: float
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """([n] log-probs, [n] entropies, [n] logsumexp) of `logits * inv_t` for `targets` (no gradient)."""
-    parts, target_logit = row_stats(logits, targets, inv_t)
-    return finish_rows(parts, target_logit)[:3]
