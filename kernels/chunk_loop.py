@@ -46,7 +46,9 @@ def chunk_loop(hidden2d, weight, bias, ids, chunks, *, inv_t, token_grad, seq_gr
 
     hidden2d: [N, H]; ids: [N]; chunks: from `rows.plan_chunks`. Rows in no chunk are skipped: their
     log-prob and entropy stay 0 and their rows of grad_hidden exactly 0.
-    token_grad: dict of [N] tensors and scalars for `triton_ops.finish_rows` (token-level sampling);
+    token_grad: a callable returning the dict of [N] tensors and scalars for `triton_ops.finish_rows`
+        (token-level sampling), called once the first chunk's GEMM and pass are queued, so that the host's
+        work on those per-token terms overlaps the device's; or the dict itself;
     seq_grad: callable (chunk, [n] logps) -> [n] d(loss)/d(logps) (sequence level); both None: no gradient.
     Per-row inputs are gathered and per-row outputs scattered once per call (`rows.gather_valid`): the
     chunks index them by `Chunk.span`.
@@ -70,8 +72,6 @@ def chunk_loop(hidden2d, weight, bias, ids, chunks, *, inv_t, token_grad, seq_gr
     # The loss's chunks read their logits once (`probs`); scoring (no gradient) needs the statistics only
     one_pass = token_grad is not None or seq_grad is not None
     ids_v = gather_valid(ids, index)
-    if token_grad is not None:
-        token_grad = {k: (gather_valid(v, index) if isinstance(v, torch.Tensor) else v) for k, v in token_grad.items()}
     buf = torch.empty((chunk_rows, vocab), device=dev, dtype=hidden2d.dtype)
     # A gathering chunk's hidden rows, contiguous for the GEMMs (one buffer for every chunk)
     hbuf = None if index is None else torch.empty((chunk_rows, width), device=dev, dtype=hidden2d.dtype)
@@ -116,6 +116,10 @@ def chunk_loop(hidden2d, weight, bias, ids, chunks, *, inv_t, token_grad, seq_gr
             triton_ops.row_stats(tile, ids_c, inv_t, out=(stats[0][:, chunk.span], stats[1][chunk.span]))
             continue
         chunk_grad = None
+        if callable(token_grad):  # asked for once the first chunk's GEMM and pass are queued (see the docstring)
+            token_grad = {
+                k: (gather_valid(v, index) if isinstance(v, torch.Tensor) else v) for k, v in token_grad().items()
+            }
         if token_grad is not None:
             chunk_grad = {k: (v[chunk.span] if isinstance(v, torch.Tensor) else v) for k, v in token_grad.items()}
         out = (lp_v[chunk.span], ent_v[chunk.span])

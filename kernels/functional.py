@@ -225,35 +225,56 @@ def _fused_linear_grpo_loss(
     grad_on = torch.is_grad_enabled()
     want = tuple(grad_on and t is not None and t.requires_grad for t in (hidden, weight, bias))
 
-    # The work that needs only the mask is queued before the host sync below, so that after it the device
-    # waits only for the chunk loop's first launches
-    mask2d = completion_mask.to(stats_dtype)
-    weights = token_weights(
-        mask2d,
-        loss_type,
-        max_completion_length=max_completion_length,
-        num_items_in_batch=num_items_in_batch,
-        dtype=stats_dtype,
+    # The one host sync first: the GEMMs need the counts. The work that needs only the mask (below) is queued
+    # once the chunk loop has launched its first chunk's GEMM and pass, so the device works while the host
+    # prepares it (H200, call Q: 21 launches and ~1.2 ms of host time preceded the first GEMM of a bench rep)
+    counts = valid_counts(completion_ids, completion_mask, vocab, per_sequence=by_sequence, valid=valid)
+    chunks = plan_chunks(
+        valid.reshape(-1),
+        batch * seq,
+        counts,
+        chunk_tokens or default_chunk_tokens(vocab, hidden.dtype, lean, tokens=sum(counts)),
+        whole_sequences=by_sequence,
     )
-    adv = advantages.to(stats_dtype).unsqueeze(1)  # (B, 1)
-    # Skipped positions get log-prob 0; old/ref 0 there too make their ratio 1 and KL 0, as in TRL (whose
-    # own scoring returns 0 at padding), so no inf * 0 from the masked positions can reach the loss value
-    old = None if old_logps is None else torch.where(valid, old_logps.to(stats_dtype), 0.0)
-    ref = None if ref_logps is None or beta == 0.0 else torch.where(valid, ref_logps.to(stats_dtype), 0.0)
+    terms: dict = {}
+
+    def mask_terms() -> dict:
+        # mask2d, weights, adv (B, 1), old and ref with 0 at skipped positions: computed once, when first asked
+        if not terms:
+            mask2d = completion_mask.to(stats_dtype)
+            # Skipped positions get log-prob 0; old/ref 0 there too make their ratio 1 and KL 0, as in TRL (whose
+            # own scoring returns 0 at padding), so no inf * 0 from the masked positions can reach the loss value
+            terms.update(
+                mask2d=mask2d,
+                weights=token_weights(
+                    mask2d,
+                    loss_type,
+                    max_completion_length=max_completion_length,
+                    num_items_in_batch=num_items_in_batch,
+                    dtype=stats_dtype,
+                ),
+                adv=advantages.to(stats_dtype).unsqueeze(1),
+                old=None if old_logps is None else torch.where(valid, old_logps.to(stats_dtype), 0.0),
+                ref=None if ref_logps is None or beta == 0.0 else torch.where(valid, ref_logps.to(stats_dtype), 0.0),
+            )
+        return terms
+
     clip = dict(epsilon_low=epsilon_low, epsilon_high=epsilon_high)
     if not by_sequence:
         seq_grad = None
-        flat = lambda t: None if t is None else t.reshape(-1)  # noqa: E731 - a one-line helper local to this call
-        token_grad = dict(
-            old=flat(old), ref=flat(ref), adv=adv.expand(batch, seq).reshape(-1), w=flat(weights), beta=beta, **clip
-        )
+
+        def token_grad() -> dict:
+            t = mask_terms()
+            flat = lambda x: None if x is None else x.reshape(-1)  # noqa: E731 - a one-line helper local to this call
+            adv = t["adv"].expand(batch, seq).reshape(-1)
+            return dict(old=flat(t["old"]), ref=flat(t["ref"]), adv=adv, w=flat(t["weights"]), beta=beta, **clip)
     else:
         token_grad = None
 
         def seq_grad(chunk: Chunk, lp: torch.Tensor) -> torch.Tensor:
             # The sequence ratio couples a sequence's tokens: autograd through the loss math on the chunk's
             # (b, T) sequences, its valid rows put back in place (skipped positions 0, masked out there)
-            seqs = chunk.seqs
+            seqs, t = chunk.seqs, mask_terms()
             with torch.enable_grad():
                 x = lp.detach().requires_grad_()
                 if isinstance(chunk.rows, slice):
@@ -264,24 +285,16 @@ def _fused_linear_grpo_loss(
                     dense = x.new_zeros(n_seq * seq).index_put((at,), x).view(n_seq, seq)
                 loss_tok, _ = per_token_loss(
                     dense,
-                    None if old is None else old[seqs],
-                    None if ref is None else ref[seqs],
-                    adv[seqs],
-                    mask2d[seqs],
+                    None if t["old"] is None else t["old"][seqs],
+                    None if t["ref"] is None else t["ref"][seqs],
+                    t["adv"][seqs],
+                    t["mask2d"][seqs],
                     beta=beta,
                     importance_sampling_level="sequence",
                     **clip,
                 )
-                return torch.autograd.grad((loss_tok * weights[seqs]).sum(), x)[0]
+                return torch.autograd.grad((loss_tok * t["weights"][seqs]).sum(), x)[0]
 
-    counts = valid_counts(completion_ids, completion_mask, vocab, per_sequence=by_sequence)  # the one host sync
-    chunks = plan_chunks(
-        valid.reshape(-1),
-        batch * seq,
-        counts,
-        chunk_tokens or default_chunk_tokens(vocab, hidden.dtype, lean, tokens=sum(counts)),
-        whole_sequences=by_sequence,
-    )
     with torch.no_grad():
         logps, entropies, gh, gw, gb = chunk_loop(
             hidden.reshape(-1, width),
@@ -297,11 +310,19 @@ def _fused_linear_grpo_loss(
         )
         # The loss value and the logged metrics from all log-probs at once: the same code as the reference
         logps, entropies = logps.view(batch, seq), entropies.view(batch, seq)
+        t = mask_terms()
         loss_tok, stats = per_token_loss(
-            logps, old, ref, adv, mask2d, beta=beta, importance_sampling_level=importance_sampling_level, **clip
+            logps,
+            t["old"],
+            t["ref"],
+            t["adv"],
+            t["mask2d"],
+            importance_sampling_level=importance_sampling_level,
+            beta=beta,
+            **clip,
         )
-        loss = (loss_tok * weights).sum()
-    metrics = finish_metrics(stats, logps, entropies, mask2d)
+        loss = (loss_tok * t["weights"]).sum()
+    metrics = finish_metrics(stats, logps, entropies, t["mask2d"])
     if any(want):
         loss = _LossWithGrads.apply(loss, hidden, weight, bias, (None if gh is None else gh.view_as(hidden), gw, gb))
     return loss, metrics
