@@ -74,7 +74,7 @@ def valid_counts(
         valid = mask != 0 if valid is None else valid
         seen = torch.where(valid, ids, 0)
         counts = valid.reshape(rows, -1).sum(1)  # [rows]
-    extremes = torch.stack([seen.min(), seen.max()]).long()
+    extremes = torch.stack(torch.aminmax(seen)).long()  # one reduction for both
     values = (extremes if counts is None else torch.cat([extremes, counts])).tolist()
     if values[0] < 0 or values[1] >= vocab:
         raise ValueError(f"ids must lie in [0, {vocab}) (the vocabulary size)")

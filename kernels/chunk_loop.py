@@ -60,12 +60,11 @@ def chunk_loop(hidden2d, weight, bias, ids, chunks, *, inv_t, token_grad, seq_gr
     n_valid = sum(c.size for c in chunks)
     skipping = n_valid != n_rows  # rows in no chunk keep 0 in every dense output
     index = chunks[0].index if chunks else None  # the valid rows when some are skipped (None: every row, or none)
-    alloc = torch.zeros if skipping else torch.empty
-    logps = alloc((n_rows,), device=dev, dtype=stats_dtype)
-    entropies = alloc((n_rows,), device=dev, dtype=stats_dtype)
-    # In valid-row order: the outputs (the dense ones themselves when nothing is gathered) and the inputs
-    lp_v = logps if index is None else torch.empty((n_valid,), device=dev, dtype=stats_dtype)
-    ent_v = entropies if index is None else torch.empty_like(lp_v)
+    # The outputs in valid-row order (the dense ones themselves when nothing is skipped; else the zero-filled dense
+    # ones are made after the loop, not among the launches that precede the first GEMM) and the inputs
+    lp_v, ent_v = (torch.zeros if skipping and index is None else torch.empty)(
+        (2, n_valid if index is not None else n_rows), device=dev, dtype=stats_dtype
+    )
     chunk_rows = max((c.size for c in chunks), default=0)
     if not any(want):
         token_grad = seq_grad = None
@@ -149,7 +148,9 @@ def chunk_loop(hidden2d, weight, bias, ids, chunks, *, inv_t, token_grad, seq_gr
         gh = torch.zeros_like(hidden2d)
         scatter_rows(gh, index, gh_v)
         del gh_v
+    logps, entropies = lp_v, ent_v
     if index is not None:
+        logps, entropies = torch.zeros((2, n_rows), device=dev, dtype=stats_dtype)
         scatter_rows(logps, index, lp_v)
         scatter_rows(entropies, index, ent_v)
     return logps, entropies, gh, gw, gb
