@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from . import triton_ops
-from .triton_ops import HAS_TRITON, _jit
+from .triton_ops import HAS_TRITON, jit
 
 if HAS_TRITON:
     import triton.language as tl
@@ -24,7 +24,7 @@ CAST_BLOCK = 4096
 ROWS_BLOCK = 1024
 
 
-@_jit(loose=("scale_ptr",))
+@jit(loose=("scale_ptr",))
 def _scaled_cast_kernel(src_ptr, scale_ptr, dst_ptr, n, BLOCK: tl.constexpr):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     keep = offs < n
@@ -43,7 +43,7 @@ def scaled_cast(src: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> t
     return out
 
 
-@_jit(loose="*_ptr", loose_ints=("n_cols",))
+@jit(loose="*_ptr", loose_ints=("n_cols",))
 def _scale_rows_kernel(src_ptr, src_stride, scale_ptr, dst_ptr, dst_stride, n_cols, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)

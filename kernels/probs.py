@@ -28,7 +28,7 @@ from __future__ import annotations
 import torch
 
 from . import triton_ops
-from .triton_ops import HAS_TRITON, LOGIT_FLOOR, _floored, _jit, _load_floored, next_pow2
+from .triton_ops import HAS_TRITON, LOGIT_FLOOR, floored, jit, load_floored, next_pow2
 
 if HAS_TRITON:
     import triton.language as tl
@@ -48,9 +48,7 @@ WINDOWS = {torch.float16: (0.0, 10.0)}
 DEFAULT_WINDOW = (8.0, 32.0)
 
 
-@_jit(
-    loose=("targets_ptr", "part_max_ptr", "part_sum_ptr", "part_xsum_ptr", "target_logit_ptr", "shift_ptr", "bad_ptr")
-)
+@jit(loose=("targets_ptr", "part_max_ptr", "part_sum_ptr", "part_xsum_ptr", "target_logit_ptr", "shift_ptr", "bad_ptr"))
 def _probs_kernel(
     logits_ptr,
     stride,
@@ -84,7 +82,7 @@ def _probs_kernel(
     cols = blk * BLOCK + tl.arange(0, BLOCK)
     inside = cols < n_cols
     raw = tl.load(row_ptr + cols, mask=inside, other=-float("inf"))
-    z = _floored(raw, FLOOR) * inv_t
+    z = floored(raw, FLOOR) * inv_t
     top = tl.max(z, axis=0)
     # Beyond the window the block is left raw, its statistics against its own max (NaN lands there too, and
     # reaches the row's stats)
@@ -150,7 +148,7 @@ def _probs_torch(
     shift.copy_(m)
 
 
-@_jit(loose=("targets_ptr", "part_max_ptr", "shift_ptr", "bad_ptr"), loose_ints=("n_blk",))
+@jit(loose=("targets_ptr", "part_max_ptr", "shift_ptr", "bad_ptr"), loose_ints=("n_blk",))
 def _repair_kernel(
     logits_ptr,
     stride,
@@ -183,7 +181,7 @@ def _repair_kernel(
             if tl.load(part_max_ptr + row * n_blk + blk) == old:  # converted by the pass: exp(z - old)
                 v = tl.load(row_ptr + cols, mask=keep, other=0.0).to(tl.float32) * tl.exp(old - new)
             else:
-                v = tl.exp(_load_floored(row_ptr + cols, keep, FLOOR) * inv_t - new)
+                v = tl.exp(load_floored(row_ptr + cols, keep, FLOOR) * inv_t - new)
             tl.store(row_ptr + cols, v.to(logits_ptr.dtype.element_ty), mask=keep)
         tl.store(shift_ptr + row, new)
         tl.store(bad_ptr + row, 0)

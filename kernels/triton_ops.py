@@ -53,7 +53,7 @@ def use_triton(device: torch.device) -> bool:
     return forced == "triton" and INTERPRET and device.type == "cpu"
 
 
-def _jit(*, loose: tuple[str, ...] | str = (), loose_ints: tuple[str, ...] = ()):
+def jit(*, loose: tuple[str, ...] | str = (), loose_ints: tuple[str, ...] = ()):
     """triton.jit, compiled once per model: `loose` pointers ("*_ptr": all of them) not specialised on 16-byte
     alignment, `loose_ints` not on divisibility by 16. Both change with a chunk's offset and a last chunk's rows,
     and each new combination compiled the kernel again inside a training step (~2.5 s each on the H200)."""
@@ -67,19 +67,19 @@ def _jit(*, loose: tuple[str, ...] | str = (), loose_ints: tuple[str, ...] = ())
     return wrap
 
 
-@_jit()
-def _floored(raw, FLOOR: tl.constexpr):
+@jit()
+def floored(raw, FLOOR: tl.constexpr):
     # Raw logits in fp32, -inf at FLOOR; NaN stays NaN and reaches the row's stats
     return tl.maximum(raw.to(tl.float32), FLOOR, propagate_nan=tl.PropagateNan.ALL)
 
 
-@_jit()
-def _load_floored(ptrs, mask, FLOOR: tl.constexpr):
-    # [BLOCK] raw logits in fp32, masked columns and -inf at FLOOR (`_floored`)
-    return _floored(tl.load(ptrs, mask=mask, other=-float("inf")), FLOOR)
+@jit()
+def load_floored(ptrs, mask, FLOOR: tl.constexpr):
+    # [BLOCK] raw logits in fp32, masked columns and -inf at FLOOR (`floored`)
+    return floored(tl.load(ptrs, mask=mask, other=-float("inf")), FLOOR)
 
 
-@_jit(loose=("targets_ptr", "part_max_ptr", "part_sum_ptr", "part_xsum_ptr", "target_logit_ptr"))
+@jit(loose=("targets_ptr", "part_max_ptr", "part_sum_ptr", "part_xsum_ptr", "target_logit_ptr"))
 def _row_stats_kernel(
     logits_ptr,
     stride,
@@ -108,13 +108,13 @@ def _row_stats_kernel(
     seg_start = seg * SEG
     seg_end = tl.minimum(seg_start + SEG, n_cols)
     cols = seg_start + tl.arange(0, BLOCK)
-    m = _load_floored(row_ptr + cols, cols < seg_end, FLOOR)  # [BLOCK]
+    m = load_floored(row_ptr + cols, cols < seg_end, FLOOR)  # [BLOCK]
     s = tl.full((BLOCK,), 1.0, tl.float32)
     x = tl.zeros((BLOCK,), tl.float32)
     if SEG > BLOCK:  # compile-time: one-step segments have no loop, and s = 1, x = 0 fold into the sums below
         for start in range(seg_start + BLOCK, seg_end, BLOCK):
             cols = start + tl.arange(0, BLOCK)
-            z = _load_floored(row_ptr + cols, cols < seg_end, FLOOR)
+            z = load_floored(row_ptr + cols, cols < seg_end, FLOOR)
             d = z - m
             e = tl.exp2(-tl.abs(d) * c)
             up = d > 0  # z is the lane's new max: its old sums scale by e, and x shifts by -d per column
@@ -163,7 +163,7 @@ def next_pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
-@_jit(loose="*_ptr", loose_ints=("n_rows",))  # one value per row, read in small tiles: alignment buys nothing
+@jit(loose="*_ptr", loose_ints=("n_rows",))  # one value per row, read in small tiles: alignment buys nothing
 def _finish_rows_kernel(
     part_max_ptr,
     part_sum_ptr,
