@@ -48,7 +48,7 @@ def chunk_loop(hidden2d, weight, bias, ids, chunks, *, inv_t, token_grad, seq_gr
     log-prob and entropy stay 0 and their rows of grad_hidden exactly 0.
     token_grad: a callable returning the dict of [N] tensors and scalars for `triton_ops.finish_rows`
         (token-level sampling), called once the first chunk's GEMM and pass are queued, so that the host's
-        work on those per-token terms overlaps the device's; or the dict itself;
+        work on those per-token terms overlaps the device's;
     seq_grad: callable (chunk, [n] logps) -> [n] d(loss)/d(logps) (sequence level); both None: no gradient.
     Per-row inputs are gathered and per-row outputs scattered once per call (`rows.gather_valid`): the
     chunks index them by `Chunk.span`.
@@ -60,11 +60,13 @@ def chunk_loop(hidden2d, weight, bias, ids, chunks, *, inv_t, token_grad, seq_gr
     n_valid = sum(c.size for c in chunks)
     skipping = n_valid != n_rows  # rows in no chunk keep 0 in every dense output
     index = chunks[0].index if chunks else None  # the valid rows when some are skipped (None: every row, or none)
-    # The outputs in valid-row order (the dense ones themselves when nothing is skipped; else the zero-filled dense
-    # ones are made after the loop, not among the launches that precede the first GEMM) and the inputs
-    lp_v, ent_v = (torch.zeros if skipping and index is None else torch.empty)(
-        (2, n_valid if index is not None else n_rows), device=dev, dtype=stats_dtype
-    )
+    # The log-probs and entropies in valid-row order: without an index the dense outputs themselves (zeros when
+    # every row is masked: no chunk writes them); with one, the zero-filled dense ones are made after the loop,
+    # not among the launches that precede the first GEMM
+    if index is None:
+        lp_v, ent_v = (torch.zeros if skipping else torch.empty)((2, n_rows), device=dev, dtype=stats_dtype)
+    else:
+        lp_v, ent_v = torch.empty((2, n_valid), device=dev, dtype=stats_dtype)
     chunk_rows = max((c.size for c in chunks), default=0)
     if not any(want):
         token_grad = seq_grad = None
@@ -95,6 +97,7 @@ def chunk_loop(hidden2d, weight, bias, ids, chunks, *, inv_t, token_grad, seq_gr
     # scoring call is host-bound: each launch saved counts)
     stats = None if one_pass else triton_ops.stats_buffers(n_valid, vocab, hidden2d.dtype, dev)
     w_t = weight.t()
+    row_terms = None  # token_grad's per-row inputs, gathered into valid-row order once
     for i, chunk in enumerate(chunks):
         tile = buf[: chunk.size]  # [n, V]
         rows = chunk.rows  # a slice, or a view of the index
@@ -115,12 +118,12 @@ def chunk_loop(hidden2d, weight, bias, ids, chunks, *, inv_t, token_grad, seq_gr
             triton_ops.row_stats(tile, ids_c, inv_t, out=(stats[0][:, chunk.span], stats[1][chunk.span]))
             continue
         chunk_grad = None
-        if callable(token_grad):  # asked for once the first chunk's GEMM and pass are queued (see the docstring)
-            token_grad = {
-                k: (gather_valid(v, index) if isinstance(v, torch.Tensor) else v) for k, v in token_grad().items()
-            }
         if token_grad is not None:
-            chunk_grad = {k: (v[chunk.span] if isinstance(v, torch.Tensor) else v) for k, v in token_grad.items()}
+            if row_terms is None:  # asked for once the first chunk's GEMM and pass are queued (see the docstring)
+                row_terms = {
+                    k: (gather_valid(v, index) if isinstance(v, torch.Tensor) else v) for k, v in token_grad().items()
+                }
+            chunk_grad = {k: (v[chunk.span] if isinstance(v, torch.Tensor) else v) for k, v in row_terms.items()}
         out = (lp_v[chunk.span], ent_v[chunk.span])
         lp, _, _, _ = triton_ops.finish_rows(parts, target_logit, chunk_grad, out=out, fix=fix)
         coef = shift  # [n]: c = -g / (T S) at token level; 1 / S, to scale here, at sequence level
