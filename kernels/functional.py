@@ -21,6 +21,9 @@ call (`checks.valid_counts`: the ids' range and the valid-row counts, which size
 
 from __future__ import annotations
 
+import functools
+from typing import NamedTuple
+
 import torch
 
 from .casts import scaled_cast
@@ -60,6 +63,16 @@ def default_chunk_tokens(
         budget = LARGE_CALL_BUFFER_BYTES if tokens >= LARGE_CALL_TOKENS else CHUNK_BUFFER_BYTES
     rows = budget // (vocab * torch.finfo(dtype).bits // 8) // CHUNK_STEP * CHUNK_STEP
     return max(MIN_CHUNK, min(MAX_CHUNK, rows))
+
+
+class _MaskTerms(NamedTuple):
+    """The loss's per-token terms that need only the mask (and the caller's old/ref/advantages)."""
+
+    mask2d: torch.Tensor  # (B, T) the mask in the stats dtype
+    weights: torch.Tensor  # (B, T) TRL's normalisers folded into per-token weights
+    adv: torch.Tensor  # (B, 1)
+    old: torch.Tensor | None  # (B, T), 0 at skipped positions; None: on-policy
+    ref: torch.Tensor | None  # (B, T), 0 at skipped positions; None: no KL term
 
 
 class _LossWithGrads(torch.autograd.Function):
@@ -236,28 +249,26 @@ def _fused_linear_grpo_loss(
         chunk_tokens or default_chunk_tokens(vocab, hidden.dtype, lean, tokens=sum(counts)),
         whole_sequences=by_sequence,
     )
-    terms: dict = {}
 
-    def mask_terms() -> dict:
-        # mask2d, weights, adv (B, 1), old and ref with 0 at skipped positions: computed once, when first asked
-        if not terms:
-            mask2d = completion_mask.to(stats_dtype)
-            # Skipped positions get log-prob 0; old/ref 0 there too make their ratio 1 and KL 0, as in TRL (whose
-            # own scoring returns 0 at padding), so no inf * 0 from the masked positions can reach the loss value
-            terms.update(
-                mask2d=mask2d,
-                weights=token_weights(
-                    mask2d,
-                    loss_type,
-                    max_completion_length=max_completion_length,
-                    num_items_in_batch=num_items_in_batch,
-                    dtype=stats_dtype,
-                ),
-                adv=advantages.to(stats_dtype).unsqueeze(1),
-                old=None if old_logps is None else torch.where(valid, old_logps.to(stats_dtype), 0.0),
-                ref=None if ref_logps is None or beta == 0.0 else torch.where(valid, ref_logps.to(stats_dtype), 0.0),
-            )
-        return terms
+    @functools.cache
+    def mask_terms() -> _MaskTerms:
+        # Computed once, when first asked. Skipped positions get log-prob 0; old/ref 0 there too make their ratio 1
+        # and KL 0, as in TRL (whose own scoring returns 0 at padding), so no inf * 0 from the masked positions
+        # can reach the loss value
+        mask2d = completion_mask.to(stats_dtype)
+        return _MaskTerms(
+            mask2d=mask2d,
+            weights=token_weights(
+                mask2d,
+                loss_type,
+                max_completion_length=max_completion_length,
+                num_items_in_batch=num_items_in_batch,
+                dtype=stats_dtype,
+            ),
+            adv=advantages.to(stats_dtype).unsqueeze(1),
+            old=None if old_logps is None else torch.where(valid, old_logps.to(stats_dtype), 0.0),
+            ref=None if ref_logps is None or beta == 0.0 else torch.where(valid, ref_logps.to(stats_dtype), 0.0),
+        )
 
     clip = dict(epsilon_low=epsilon_low, epsilon_high=epsilon_high)
     if not by_sequence:
@@ -266,8 +277,8 @@ def _fused_linear_grpo_loss(
         def token_grad() -> dict:
             t = mask_terms()
             flat = lambda x: None if x is None else x.reshape(-1)  # noqa: E731 - a one-line helper local to this call
-            adv = t["adv"].expand(batch, seq).reshape(-1)
-            return dict(old=flat(t["old"]), ref=flat(t["ref"]), adv=adv, w=flat(t["weights"]), beta=beta, **clip)
+            adv = t.adv.expand(batch, seq).reshape(-1)
+            return dict(old=flat(t.old), ref=flat(t.ref), adv=adv, w=flat(t.weights), beta=beta, **clip)
     else:
         token_grad = None
 
@@ -285,15 +296,15 @@ def _fused_linear_grpo_loss(
                     dense = x.new_zeros(n_seq * seq).index_put((at,), x).view(n_seq, seq)
                 loss_tok, _ = per_token_loss(
                     dense,
-                    None if t["old"] is None else t["old"][seqs],
-                    None if t["ref"] is None else t["ref"][seqs],
-                    t["adv"][seqs],
-                    t["mask2d"][seqs],
+                    None if t.old is None else t.old[seqs],
+                    None if t.ref is None else t.ref[seqs],
+                    t.adv[seqs],
+                    t.mask2d[seqs],
                     beta=beta,
                     importance_sampling_level="sequence",
                     **clip,
                 )
-                return torch.autograd.grad((loss_tok * t["weights"][seqs]).sum(), x)[0]
+                return torch.autograd.grad((loss_tok * t.weights[seqs]).sum(), x)[0]
 
     with torch.no_grad():
         logps, entropies, gh, gw, gb = chunk_loop(
@@ -312,17 +323,10 @@ def _fused_linear_grpo_loss(
         logps, entropies = logps.view(batch, seq), entropies.view(batch, seq)
         t = mask_terms()
         loss_tok, stats = per_token_loss(
-            logps,
-            t["old"],
-            t["ref"],
-            t["adv"],
-            t["mask2d"],
-            importance_sampling_level=importance_sampling_level,
-            beta=beta,
-            **clip,
+            logps, t.old, t.ref, t.adv, t.mask2d, beta=beta, importance_sampling_level=importance_sampling_level, **clip
         )
-        loss = (loss_tok * t["weights"]).sum()
-    metrics = finish_metrics(stats, logps, entropies, t["mask2d"])
+        loss = (loss_tok * t.weights).sum()
+    metrics = finish_metrics(stats, logps, entropies, t.mask2d)
     if any(want):
         loss = _LossWithGrads.apply(loss, hidden, weight, bias, (None if gh is None else gh.view_as(hidden), gw, gb))
     return loss, metrics
