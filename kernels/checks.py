@@ -40,14 +40,7 @@ def check_head(hidden: torch.Tensor, weight: torch.Tensor, ids: torch.Tensor, bi
         raise ValueError(f"ids must be an integer tensor, got {ids.dtype}")
 
 
-def valid_counts(
-    ids: torch.Tensor,
-    mask: torch.Tensor | None,
-    vocab: int,
-    *,
-    per_sequence: bool = False,
-    valid: torch.Tensor | None = None,
-) -> list[int]:
+def valid_counts(ids: torch.Tensor, mask: torch.Tensor | None, vocab: int, *, per_sequence: bool = False) -> list[int]:
     """Check that the ids of valid positions lie in [0, vocab); return how many positions are valid.
 
     The call's one host sync: the ids' range and the counts come back in one read (the chunk loop needs
@@ -55,10 +48,10 @@ def valid_counts(
     may hold anything (e.g. -100).
 
     Args:
-        ids: (B, ...) integer ids; mask: ids.shape, nonzero = valid; None: every position is valid.
+        ids: (B, ...) integer ids; mask: ids.shape, nonzero = valid (a bool mask is used as it is); None: every
+            position is valid.
         vocab: the vocabulary size V.
         per_sequence: count per leading row of ids (B counts) instead of in total (one count).
-        valid: `mask != 0` if the caller has it already.
 
     Returns:
         The counts as host ints.
@@ -71,7 +64,7 @@ def valid_counts(
     if mask is None:
         seen, counts = ids, None
     else:
-        valid = mask != 0 if valid is None else valid
+        valid = mask if mask.dtype == torch.bool else mask != 0
         seen = torch.where(valid, ids, 0)
         counts = valid.reshape(rows, -1).sum(1)  # [rows]
     extremes = torch.stack(torch.aminmax(seen)).long()  # one reduction for both

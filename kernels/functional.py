@@ -241,7 +241,7 @@ def _fused_linear_grpo_loss(
     # The one host sync first: the GEMMs need the counts. The work that needs only the mask (below) is queued
     # once the chunk loop has launched its first chunk's GEMM and pass, so the device works while the host
     # prepares it (H200, call Q: 21 launches and ~1.2 ms of host time preceded the first GEMM of a bench rep)
-    counts = valid_counts(completion_ids, completion_mask, vocab, per_sequence=by_sequence, valid=valid)
+    counts = valid_counts(completion_ids, valid, vocab, per_sequence=by_sequence)
     chunks = plan_chunks(
         valid.reshape(-1),
         batch * seq,
