@@ -119,10 +119,13 @@ def profile_chunk(rows: int, hidden: int, vocab: int) -> dict:
         "tile_copy": lambda: tile.copy_(logits),
         "probs_pass_with_copy": lambda: probs.probs_pass(tile.copy_(logits), ids, 1.0, bad),
         "dh_gemm": lambda: torch.mm(tile, w, out=gh),
-        "row_scale_hc": lambda: torch.mul(h, gvec.unsqueeze(1), out=gh),
+        # the per-row gradient scale c * h_c as the loop runs it, and torch's mixed-dtype mul it replaced
+        "row_scale_hc": lambda: casts.scale_rows(h, gvec, gh),
+        "row_scale_hc_torch": lambda: torch.mul(h, gvec.unsqueeze(1), out=gh),
+        # dW into the fp32 accumulator: the first chunk overwrites it, the others add to it; bf16 for comparison
+        "dw_gemm_fp32set": lambda: addmm_acc(acc32, tile.t(), h, first=True),
         "dw_gemm_fp32acc": lambda: addmm_acc(acc32, tile.t(), h),
         "dw_gemm_bf16acc": lambda: addmm_acc(acc16, tile.t(), h),
-        "dw_acc_zero_fill": lambda: acc32.zero_(),
         # The backward: grad_output x the fp32 dW accumulator into bf16, ours and torch's generic kernel
         "dw_scaled_cast": lambda: casts.scaled_cast(acc32, go, torch.bfloat16),
         "dw_scaled_cast_torch": lambda: torch.mul(acc32, go, out=torch.empty_like(acc32, dtype=torch.bfloat16)),
