@@ -33,8 +33,9 @@ def run_step(step: Callable[[], object], inp: dict) -> None:
         out.backward()
 
 
-def measure(step: Callable[[], object], inp: dict, reps: int, warmup: int = 2) -> tuple[float, float, float]:
-    """(median ms over `reps`, extra peak MiB, median host ms to enqueue) of `step` (+ its backward)."""
+def measure(step: Callable[[], object], inp: dict, reps: int, warmup: int = 2) -> tuple[float, float, float, dict]:
+    """(median ms over `reps`, extra peak MiB, median host ms to enqueue, `state_summary` of the GPU's clock and
+    power read after each rep) of `step` (+ its backward)."""
     once = functools.partial(run_step, step, inp)
     for _ in range(warmup):
         once()
@@ -45,7 +46,7 @@ def measure(step: Callable[[], object], inp: dict, reps: int, warmup: int = 2) -
     once()
     torch.cuda.synchronize()
     peak = (torch.cuda.max_memory_allocated() - base) / MIB
-    times, host = [], []
+    times, host, states = [], [], []
     for _ in range(reps):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         t0 = time.perf_counter()
@@ -56,8 +57,33 @@ def measure(step: Callable[[], object], inp: dict, reps: int, warmup: int = 2) -
         host.append((time.perf_counter() - t0) * 1e3)
         end.synchronize()
         times.append(start.elapsed_time(end))
+        states.append(gpu_state())  # after the rep's sync: not inside its time
     inp["hidden"].grad = inp["weight"].grad = None
-    return statistics.median(times), peak, statistics.median(host)
+    return statistics.median(times), peak, statistics.median(host), state_summary(states)
+
+
+def gpu_state() -> tuple[float, float] | None:
+    """The current GPU's (SM clock MHz, power W), read through NVML by torch; None where NVML cannot say."""
+    try:
+        return float(torch.cuda.clock_rate()), torch.cuda.power_draw() / 1e3
+    except Exception:  # no NVML, no GPU, a driver without the counter: the timing stands without it
+        return None
+
+
+def state_summary(samples: list[tuple[float, float] | None]) -> dict:
+    """{sm_mhz, power_w}: medians over a provider's reps, {} when none was read.
+
+    An H200 running these GEMMs sits at its power limit (700 W), where the SM clock moves with the work and with
+    what ran just before (1.1-1.9 GHz against 1.98 in one run: `benchmarks/results/h200-2026-12-03h/`): these say
+    under which clock each provider's time was taken.
+    """
+    got = [s for s in samples if s is not None]
+    if not got:
+        return {}
+    return {
+        "sm_mhz": statistics.median(s[0] for s in got),
+        "power_w": round(statistics.median(s[1] for s in got), 1),
+    }
 
 
 def check(inp: dict, beta: float, chunk_tokens: int | None) -> dict:
@@ -313,10 +339,11 @@ def finish(result: dict, out: str | None, markdown: str) -> int:
 
 
 def timed(make_step: Callable[[], Callable[[], object]], inp: dict, reps: int, warmup: int = 2) -> dict:
-    """{ms, extra_peak_mib, host_ms} of the step `make_step` builds, or {error} (OOM, not installed, a failure)."""
+    """{ms, extra_peak_mib, host_ms, sm_mhz, power_w} of the step `make_step` builds (the last two where NVML
+    answers), or {error} (OOM, not installed, a failure)."""
     try:
-        ms, peak, host = measure(make_step(), inp, reps, warmup=warmup)
-        out = {"ms": ms, "extra_peak_mib": peak, "host_ms": host}
+        ms, peak, host, state = measure(make_step(), inp, reps, warmup=warmup)
+        out = {"ms": ms, "extra_peak_mib": peak, "host_ms": host, **state}
     except torch.cuda.OutOfMemoryError:
         out = {"error": "OOM"}
     except ImportError as exc:

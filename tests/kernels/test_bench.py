@@ -79,7 +79,7 @@ def _cpu_run(monkeypatch, argv: list[str]) -> tuple[int, list[int]]:
         out = step()
         if isinstance(out, torch.Tensor):
             out.backward()
-        return 1.0 + len(calls), 0.0, 0.0
+        return 1.0 + len(calls), 0.0, 0.0, bench.state_summary([(1500.0, 690.04), None, (1700.0, 699.0)])
 
     monkeypatch.setattr(bench, "make_inputs", _cpu_inputs)
     monkeypatch.setattr(bench_providers, "make_inputs", _cpu_inputs)  # the padded mode's source
@@ -116,6 +116,8 @@ def test_main_end_to_end_on_cpu(monkeypatch, tmp_path, capsys):
     res = json.loads(out.read_text())
     assert [r["provider"] for r in res["records"]] == ["floor", "naive", "chunked", "trl"] * 2
     assert res["reps"] == {"default": 3, "liger": 3} and res["gpu"] == "cpu-test"
+    # Each record says under which clock and power its time was taken (medians of the reads that answered)
+    assert all(r["sm_mhz"] == 1600.0 and r["power_w"] == 694.5 for r in res["records"])
     for chk in res["checks"]:
         for p in ("chunked", "chunked-lean"):
             assert chk[p]["grad_weight_cos"] > 0.99999 and chk[p]["loss_rel_err"] < 1e-5, (p, chk[p])
@@ -247,3 +249,18 @@ def test_padded_table_formats_cells_as_the_plain_one():
     assert row.startswith("| loss | 4,096 | 25% (25.0% of 8 x 683) | 5.0 ms / 1,500 MiB |")
     assert "| OOM |" in row and row.endswith("| 6.0 ms / 1,000 MiB (1.20x floor, 1.50x faster than trl) |")
     assert bench.cell("chunked", recs[3], 5.0, 9.0) == "6.0 ms / 1,000 MiB (1.20x floor, 1.50x faster than trl)"
+
+
+def test_state_summary_takes_medians_of_the_reads_that_answered():
+    assert bench.state_summary([(1500.0, 690.0), (1400.0, 700.0), (1900.0, 650.04)]) == {
+        "sm_mhz": 1500.0,
+        "power_w": 690.0,
+    }
+    assert bench.state_summary([None, (1800.0, 512.345)]) == {"sm_mhz": 1800.0, "power_w": 512.3}
+    assert bench.state_summary([None, None]) == {} and bench.state_summary([]) == {}
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the answer where no GPU is there to read")
+def test_gpu_state_is_none_without_a_gpu():
+    # The bench's timing must not depend on NVML: without a GPU (or NVML) the read is None, not an error
+    assert bench.gpu_state() is None
