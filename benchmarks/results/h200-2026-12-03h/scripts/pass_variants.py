@@ -1,4 +1,5 @@
-"""Variants of probs._probs_kernel (call T): see probs_sweep6.py."""
+"""Variants of probs._probs_kernel measured in calls T, U and V (see probs_sweep6.py and interleave.py): each is the
+committed kernel with one change, kept as the record of what was timed; none is used by the package."""
 import triton.language as tl
 from grpo_kernels.triton_ops import floored, jit
 
