@@ -317,7 +317,9 @@ def tiny_trainer(tmp_path: Path, *sets: str):
 
 
 @pytest.mark.parametrize("sub_batch", [None, 8])
-def test_trainer_hook_with_the_eager_twin_matches_trl(tiny_model_path: Path, tmp_path: Path, sub_batch) -> None:
+def test_trainer_hook_with_the_eager_twin_matches_trl(
+    tiny_model_path: Path, tmp_path: Path, sub_batch, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The trainer's `_generate_single_turn` through the decoder samples what TRL's path samples (same seed)."""
     trainer = tiny_trainer(tmp_path, *([] if sub_batch is None else [f"grpo.generation_sub_batch={sub_batch}"]))
     assert trainer.rollouts.backend == "generate"  # auto on the CPU
@@ -326,11 +328,19 @@ def test_trainer_hook_with_the_eager_twin_matches_trl(tiny_model_path: Path, tmp
     expected, logprobs = trainer._generate_single_turn(prompts, None, {}, 8)
     trainer.rollouts.decoder = StaticDecoder(use_graph=False)  # what `graph` does, without the capture
     torch.manual_seed(5)
+    default, _ = trainer._generate_single_turn(prompts, None, {}, 8)
+    first = 8 if sub_batch else len(prompts)
+    assert default[:first] == expected[:first]  # the first slice starts from the same random state
+    # generate stops at the step where every row has finished; the decoder looks only every FINISH_CHECK_EVERY
+    # steps (each look waits for the GPU), so it may draw a few more tokens' worth of random numbers per slice and
+    # a second slice then starts from another random state. Looking at every step, both draw alike throughout.
+    monkeypatch.setattr(generation, "FINISH_CHECK_EVERY", 1)
+    torch.manual_seed(5)
     got, our_logprobs = trainer._generate_single_turn(prompts, None, {}, 8)
     assert got == expected and logprobs is None and our_logprobs is None
     # The rollout's bucket is freed before scoring and the loss (on the H200 keeping it cost ~10 GiB of peak).
     assert trainer.rollouts.decoder.state is None
-    assert trainer.rollouts.take_tokens() == sum(map(len, expected)) + sum(map(len, got))
+    assert trainer.rollouts.take_tokens() == sum(map(len, expected)) + sum(map(len, default)) + sum(map(len, got))
 
 
 def test_static_backend_sets_transformers_static_cache(tiny_model_path: Path, tmp_path: Path) -> None:
