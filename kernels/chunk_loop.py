@@ -20,20 +20,16 @@ def addmm_acc(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, first: boo
     For an fp32 acc and bf16/fp16 operands the product is not rounded to bf16 first: rounding each chunk's
     partial dW before the sum biases training (TRL's fused head notes the same).
     """
-    if acc.dtype == a.dtype:
-        if first:
-            torch.mm(a, b, out=acc)
+    kw = {}
+    if acc.dtype != a.dtype:
+        if _HAS_OUT_DTYPE and acc.is_cuda:
+            kw["out_dtype"] = acc.dtype  # cuBLAS accumulates in fp32 and writes fp32: no rounding in between
         else:
-            acc.addmm_(a, b)
-    elif _HAS_OUT_DTYPE and acc.is_cuda:
-        if first:
-            torch.mm(a, b, out_dtype=acc.dtype, out=acc)
-        else:
-            torch.addmm(acc, a, b, out_dtype=acc.dtype, out=acc)
-    elif first:
-        torch.mm(a.to(acc.dtype), b.to(acc.dtype), out=acc)
+            a, b = a.to(acc.dtype), b.to(acc.dtype)
+    if first:
+        torch.mm(a, b, out=acc, **kw)
     else:
-        acc.addmm_(a.to(acc.dtype), b.to(acc.dtype))
+        torch.addmm(acc, a, b, out=acc, **kw)
 
 
 def chunk_loop(hidden2d, weight, bias, ids, chunks, *, inv_t, token_grad, seq_grad, want, lean):
