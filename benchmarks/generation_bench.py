@@ -75,7 +75,7 @@ class Backend:
 
         if self.decoder is not None:
             stops = [] if ignore_eos else stop_ids
-            return self.decoder.generate(self.model, prompts, new_tokens, stops, self.pad_id, Sampling())
+            return self.decoder.generate(self.model, prompts, new_tokens, stops, self.pad_id, Sampling()).ids
         from transformers import GenerationConfig
 
         # The GenerationConfig TRL builds from GRPOConfig's defaults (see trl GRPOTrainer.__init__).

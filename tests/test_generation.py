@@ -74,7 +74,7 @@ def reference(model: torch.nn.Module, prompts: list[list[int]], eos: list[int], 
 
 def decode(decoder: StaticDecoder, model: torch.nn.Module, eos: list[int], sampling: Sampling, prompts=PROMPTS):
     with torch.no_grad():
-        return decoder.generate(model, prompts, MAX_NEW, eos, PAD, sampling)
+        return decoder.generate(model, prompts, MAX_NEW, eos, PAD, sampling).ids
 
 
 def test_greedy_matches_generate_token_for_token(model: torch.nn.Module) -> None:
@@ -254,7 +254,7 @@ def test_unknown_backend_is_one_line_listing_the_allowed() -> None:
 def test_graph_on_cpu_falls_back_with_a_note_and_an_event(
     tiny_model_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
-    from tests.test_trainer import make_run, run_steps
+    from test_trainer import make_run, run_steps
 
     run = make_run(tmp_path, "graph-cpu", grpo={"max_steps": 1, "generation_backend": "graph"})
     code, steps, events = run_steps(run)
@@ -337,10 +337,13 @@ def test_trainer_hook_with_the_eager_twin_matches_trl(
     monkeypatch.setattr(generation, "FINISH_CHECK_EVERY", 1)
     torch.manual_seed(5)
     got, our_logprobs = trainer._generate_single_turn(prompts, None, {}, 8)
-    assert got == expected and logprobs is None and our_logprobs is None
+    assert got == expected and logprobs is None
+    # The decoder returns each token's log-prob (TRL carries them as sampling_per_token_logps)
+    assert [len(row) for row in our_logprobs] == [len(row) for row in got]
+    assert all(value <= 0.0 for row in our_logprobs for value in row)
     # The rollout's bucket is freed before scoring and the loss (on the H200 keeping it cost ~10 GiB of peak).
     assert trainer.rollouts.decoder.state is None
-    assert trainer.rollouts.take_tokens() == sum(map(len, expected)) + sum(map(len, default)) + sum(map(len, got))
+    assert trainer.rollouts.take_stats().tokens == sum(map(len, expected)) + sum(map(len, default)) + sum(map(len, got))
 
 
 def test_static_backend_sets_transformers_static_cache(tiny_model_path: Path, tmp_path: Path) -> None:
@@ -364,7 +367,11 @@ def test_checks_note_where_graph_will_fall_back() -> None:
 
     assert notes(grpo={"generation_backend": "graph"}) == []
     assert "needs CUDA" in notes(grpo={"generation_backend": "graph"}, distributed={"use_cpu": True})[0]
-    assert "FSDP" in notes(grpo={"generation_backend": "graph"}, distributed={"fsdp": True})[0]
+    graph = {"generation_backend": "graph"}
+    fsdp1, fsdp2 = {"fsdp": True, "fsdp_version": 1}, {"fsdp": True, "fsdp_version": 2}
+    assert "FSDP1" in notes(grpo=graph, distributed=fsdp1)[0]
+    assert notes(grpo=graph, distributed=fsdp2) == []  # FSDP2 decodes on the decode copy
+    assert "decode_copy = off" in notes(grpo={**graph, "decode_copy": "off"}, distributed=fsdp2)[0]
     flash = {"attn_implementation": "flash_attention_2"}
     assert "flash_attention_2" in notes(grpo={"generation_backend": "graph"}, model=flash)[0]
     assert notes(grpo={"generation_backend": "auto"}, distributed={"fsdp": True}) == []

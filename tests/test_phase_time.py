@@ -193,11 +193,22 @@ def test_step_times_script_reads_the_phase_times_of_a_run(tmp_path, capsys) -> N
 
 def test_generation_fields_sum_ranks_and_rate_over_the_generation_time() -> None:
     from grpo_tui.train.phase_memory import generation_fields
+    from grpo_tui.train.rollouts import RolloutStats
 
-    fields = generation_fields("graph", [300, 340], {"time_s/generation": 0.5})
+    def stats(tokens, copy_s=None, builds=0, mismatch=(0.0, 0, None)) -> RolloutStats:
+        return RolloutStats(tokens, None if copy_s is None else 3.5, copy_s, builds, *mismatch)
+
+    fields = generation_fields("graph", [stats(300), stats(340)], {"time_s/generation": 0.5})
     assert fields == {"generation/backend": "graph", "generation/tokens": 640, "generation/tokens_per_s": 1280.0}
     # A step that reuses an earlier rollout (num_iterations > 1) generated nothing: no rate, not a zero.
-    assert "generation/tokens_per_s" not in generation_fields("graph", [0], {"time_s/generation": 0.0})
+    assert "generation/tokens_per_s" not in generation_fields("graph", [stats(0)], {"time_s/generation": 0.0})
+    # The decode copy's refresh (the slowest rank) and the mismatch over every rank's tokens
+    ranks = [stats(10, 0.25, 1, (0.5, 10, 0.2)), stats(10, 0.5, 1, (1.5, 30, 0.3))]
+    fields = generation_fields("graph", ranks, {"time_s/generation": 1.0})
+    assert fields["generation/copy_refresh_s"] == 0.5 and fields["generation/copy_builds"] == 1
+    assert fields["generation/decode_copy_mib"] == 3.5
+    assert fields["generation/logp_mismatch_mean"] == pytest.approx(2.0 / 40)
+    assert fields["generation/logp_mismatch_max"] == 0.3
 
 
 def test_progress_shows_the_backend_and_recent_generation_rate() -> None:
@@ -217,6 +228,38 @@ def test_progress_shows_the_backend_and_recent_generation_rate() -> None:
         ]
     )
     assert generation_label(state) == "graph · 2,000 tok/s"
+    state.apply(
+        [
+            _record(
+                4,
+                **{
+                    "generation/backend": "graph",
+                    "generation/logp_mismatch_mean": 0.0123,
+                    "generation/logp_mismatch_max": 0.41,
+                },
+            )
+        ]
+    )
+    assert generation_label(state) == "graph · 2,000 tok/s · Δlogp 0.0123 (max 0.41)"
+
+
+def test_the_decode_copy_is_a_line_of_the_generation_phase() -> None:
+    from rich.console import Console
+
+    from grpo_tui.dashboard.feed import DECODE_COPY_ROW, phase_rows
+    from grpo_tui.dashboard.state import RunState
+    from grpo_tui.dashboard.widgets.gpu_memory_panel import phase_table
+
+    state = RunState()
+    state.apply([_record(1, **{"time_s/generation": 1.0, "time_s/step": 2.0}), _record(2)])
+    assert DECODE_COPY_ROW not in phase_rows(state)  # no copy (full fine-tuning without FSDP, or generate)
+    state.apply([_record(3, **{"generation/decode_copy_mib": 3264.0, "time_s/generation": 1.0, "time_s/step": 2.0})])
+    rows = phase_rows(state)
+    assert list(rows)[:2] == ["generation", DECODE_COPY_ROW] and rows[DECODE_COPY_ROW]["last"] == 3264.0
+    console = Console(width=56, file=io.StringIO(), color_system=None)
+    console.print(phase_table(rows, None))
+    line = next(line for line in console.file.getvalue().splitlines() if "decode copy" in line)
+    assert "3.2 GiB" in line and "n/a" not in line and "s " not in line.split("GiB", 1)[1]
 
 
 def test_plot_steps_draws_one_bar_per_picked_row_and_refuses_a_missing_one(tmp_path) -> None:

@@ -121,10 +121,15 @@ def _check_generation(preset: Preset, result: CheckResult) -> None:
     # The trainer falls back to generate in these cases; saying so before launch saves a surprise in the log.
     if d.use_cpu:
         result.notes.append("grpo.generation_backend: graph needs CUDA; on the CPU the run uses generate")
-    elif d.fsdp:
+    elif d.fsdp and d.fsdp_version == 1:
         result.notes.append(
-            "grpo.generation_backend: graph with distributed.fsdp falls back to generate (FSDP reshards the "
-            "parameters the captured graph would read)"
+            "grpo.generation_backend: graph with distributed.fsdp_version 1 falls back to generate (FSDP1 reshards "
+            "the parameters the captured graph would read; FSDP2 decodes on a gathered copy)"
+        )
+    elif d.fsdp and preset.grpo.decode_copy == "off":
+        result.notes.append(
+            "grpo.generation_backend: graph with distributed.fsdp and grpo.decode_copy = off falls back to generate "
+            "(the decode copy is how FSDP2 rollouts run on the graph)"
         )
     if preset.model.attn_implementation == "flash_attention_2":
         result.notes.append(

@@ -53,6 +53,8 @@ LossImpl = Literal["chunked", "naive", "trl"]
 LOSS_IMPLS: tuple[str, ...] = typing.get_args(LossImpl)
 GenerationBackend = Literal["auto", "generate", "static", "graph", "vllm"]
 GENERATION_BACKENDS: tuple[str, ...] = typing.get_args(GenerationBackend)
+DecodeCopyMode = Literal["keep", "free", "off"]
+DECODE_COPY_MODES: tuple[str, ...] = typing.get_args(DecodeCopyMode)
 
 
 class _Section(BaseModel):
@@ -143,8 +145,14 @@ class GrpoSection(_Section):
     )
     generation_backend: GenerationBackend = Field(
         "auto",
-        description="auto (graph on CUDA, else generate) | graph (ours: ~13x generate on an H200) | generate | "
+        description="auto (graph on CUDA, else generate) | graph (ours: ~20x generate on an H200) | generate | "
         "static | vllm (needs vllm)",
+    )
+    decode_copy: DecodeCopyMode = Field(
+        "keep",
+        description="Under FSDP2 or LoRA the graph decodes on a full copy of the weights, adapters merged: keep "
+        "(fastest) | free (dropped after each rollout: lower peak, rebuilt each time) | off (FSDP2 falls back to "
+        "generate; LoRA decodes unmerged)",
     )
     scoring_sub_batch: Count | None = Field(
         None,

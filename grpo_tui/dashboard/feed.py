@@ -25,7 +25,17 @@ from grpo_tui.runs.completions import CompletionIndex, PromptGroup
 from grpo_tui.runs.folder import RunDir, file_stamp, read_json
 from grpo_tui.runs.heartbeat import HeartbeatReader
 from grpo_tui.runs.listing import read_config
-from grpo_tui.runs.metrics import GENERATION_BACKEND_KEY, GENERATION_RATE_KEY, PHASES, STEP_TIME_KEY, phase_time_key
+from grpo_tui.runs.metrics import (
+    DECODE_COPY_KEY,
+    GENERATION_BACKEND_KEY,
+    GENERATION_RATE_KEY,
+    MISMATCH_MAX_KEY,
+    MISMATCH_MEAN_KEY,
+    PHASES,
+    STEP_TIME_KEY,
+    as_float,
+    phase_time_key,
+)
 from grpo_tui.runs.status import LIVE_STATES, RunStatus, judge
 
 # Points per drawn series: about two per cell of a wide chart, so nothing visible is lost.
@@ -49,6 +59,8 @@ STATUS_EVERY_S = 2.0
 MEMORY_SAMPLES = 240
 # Recent steps over which each phase's mean seconds and share of the step are shown.
 PHASE_TIME_STEPS = 20
+# The phase table's line for the decode copy, under generation (part of that phase's peak)
+DECODE_COPY_ROW = "└ decode copy"
 
 
 @dataclass(frozen=True)
@@ -298,16 +310,24 @@ def phase_rows(state: RunState) -> dict[str, dict[str, float | None]]:
             "time_s": seconds,
             "share": seconds / step_s if seconds is not None and step_s else None,
         }
+        copy = state.last(DECODE_COPY_KEY) if phase == "generation" else None
+        if copy is not None:  # part of the generation peak: the graph decoder's copy of the weights
+            rows[DECODE_COPY_ROW] = {"last": copy, "peak": None, "before": None, "after": None, "part": True}
     return rows
 
 
 def generation_label(state: RunState) -> str | None:
-    """The rollout backend of the latest step and the mean completion tokens/s of the recent steps."""
+    """The rollout backend of the latest step, the mean completion tokens/s of the recent steps and, where the
+    decoder returned log-probs, the mean and max |log p_decode - log p_train| of the latest step."""
     backend = state.last_record.get(GENERATION_BACKEND_KEY)
     if not isinstance(backend, str):
         return None  # runs written before the key existed
     rate = _recent_mean(state, GENERATION_RATE_KEY)
-    return clip(backend, 12) + ("" if rate is None else f" · {rate:,.0f} tok/s")
+    label = clip(backend, 12) + ("" if rate is None else f" · {rate:,.0f} tok/s")
+    mean, top = as_float(state.last_record.get(MISMATCH_MEAN_KEY)), as_float(state.last_record.get(MISMATCH_MAX_KEY))
+    if mean is not None and math.isfinite(mean):
+        label += f" · Δlogp {mean:.3g}" + ("" if top is None or not math.isfinite(top) else f" (max {top:.2g})")
+    return label
 
 
 def _recent_mean(state: RunState, name: str) -> float | None:

@@ -89,6 +89,14 @@ STEP_TIME_KEY = "time_s/step"
 GENERATION_BACKEND_KEY = "generation/backend"
 GENERATION_TOKENS_KEY = "generation/tokens"
 GENERATION_RATE_KEY = "generation/tokens_per_s"
+# The decode copy (FSDP2 / LoRA graph rollouts): its MiB per rank (part of the generation phase's peak), seconds
+# to gather, merge and write it this step (its build included), and builds this step.
+DECODE_COPY_KEY = "generation/decode_copy_mib"
+COPY_REFRESH_KEY = "generation/copy_refresh_s"
+COPY_BUILDS_KEY = "generation/copy_builds"
+# |log p_decode - log p_train| over the step's sampled tokens: mean and max.
+MISMATCH_MEAN_KEY = "generation/logp_mismatch_mean"
+MISMATCH_MAX_KEY = "generation/logp_mismatch_max"
 
 
 def phase_time_key(phase: str) -> str:

@@ -88,6 +88,7 @@ def build_trainer(
         lean=preset.loss.lean,
         generation_sub_batch=preset.grpo.generation_sub_batch,
         generation_backend=preset.grpo.generation_backend,
+        decode_copy=preset.grpo.decode_copy,
         on_event=on_event,
         scoring_sub_batch=preset.grpo.scoring_sub_batch,
         loss_sub_batch=preset.grpo.loss_sub_batch,

@@ -15,9 +15,10 @@
 After each rollout the bucket (KV cache and graph pool) is released, so the loss phase does not carry the
 cache: capturing again costs a few decode steps per rollout, keeping it cost the whole step ~10 GiB of peak.
 
-The graph reads the live parameters: a captured kernel reads a parameter's storage, and the optimizer
-updates that storage in place. FSDP and DeepSpeed swap the storage between forwards, so they fall back
-to generate. Unmerged LoRA adapters are only extra matmuls on parameters updated in place: supported.
+The graph reads the parameters of the model it is given: a captured kernel reads a parameter's storage. On
+the live weights the optimizer updates that storage in place, so the graph follows them. Under FSDP2, and
+with LoRA, the trainer hands it the decode copy instead (`decode_copy`: full weights, adapters merged, refreshed
+in place once per rollout). DeepSpeed and FSDP1 swap the storage between forwards and fall back to generate.
 
 `StaticDecoder(use_graph=False)` is the eager twin: the same `prefill`/`decode_and_take` without capture.
 The CPU tests hold it to `model.generate` token for token (greedy, and sampled under the same seed); the
@@ -28,7 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -80,6 +81,7 @@ class DecodeState:
     out: torch.Tensor  # [R, L] the tokens chosen so far (pad once a row finished)
     finished: torch.Tensor  # [R] rows past their EOS (and the bucket's filler rows)
     step: torch.Tensor  # [1] the column of `out` the next token goes to
+    logps: torch.Tensor  # [R, L] fp32 log-prob of each chosen token under the decode weights (0 after a row ends)
     seen: torch.Tensor | None = None  # [R, V + 1] `seen_tokens` of prompt and output, for the repetition penalty
 
     @property
@@ -144,11 +146,28 @@ def prefill(model: Any, state: DecodeState, ids: torch.Tensor, mask: torch.Tenso
     return logits
 
 
+class Completions(NamedTuple):
+    """A rollout's completions, each cut after its first EOS, and the log-prob of each of their tokens."""
+
+    ids: list[list[int]]
+    logprobs: list[list[float]]
+
+
+def token_logps(logits: torch.Tensor, token: torch.Tensor, temperature: float) -> torch.Tensor:
+    """log softmax(logits / temperature) at `token` per row [R]: what the training forward scores the token with
+    (TRL divides by the temperature and applies no other warper), so the two are comparable."""
+    scaled = logits / temperature if temperature != 1.0 else logits
+    return scaled.gather(1, token[:, None])[:, 0] - torch.logsumexp(scaled, -1)
+
+
 def take_token(state: DecodeState, logits: torch.Tensor) -> None:
-    """Choose each row's next token from `logits` [R, V], write it to `out` and `tokens`, and mark rows that ended."""
+    """Choose each row's next token from `logits` [R, V], write it to `out` and `tokens` (its log-prob to `logps`),
+    and mark rows that ended."""
     token = choose_tokens(logits, state.sampling, state.seen)
     token = torch.where(state.finished, state.pad_id, token)  # finished rows emit pad
+    logp = token_logps(logits, token, state.sampling.temperature).masked_fill(state.finished, 0.0)
     state.out.index_copy_(1, state.step, token[:, None])
+    state.logps.index_copy_(1, state.step, logp[:, None])
     state.finished |= (token[:, None] == state.eos).any(-1)
     if state.seen is not None:
         state.seen.scatter_(1, token[:, None], True)
@@ -179,6 +198,7 @@ def length_is_dynamic(state: DecodeState) -> None:
     mark(state.key_valid, 1)
     mark(state.key_index, 0)
     mark(state.out, 1)
+    mark(state.logps, 1)
     for layer in getattr(state.cache, "layers", ()):  # transformers' StaticLayer: keys/values [R, H, L, D]
         for name in ("keys", "values"):
             if isinstance(getattr(layer, name, None), torch.Tensor):
@@ -238,8 +258,9 @@ class StaticDecoder:
         eos_ids: list[int],
         pad_id: int,
         sampling: Sampling,
-    ) -> list[list[int]]:
-        """Completion ids per prompt, each cut after its first EOS (TRL's `_generate_single_turn` contract).
+    ) -> Completions:
+        """Completion ids per prompt, each cut after its first EOS (TRL's `_generate_single_turn` contract), with
+        their tokens' log-probs.
         If a rollout fails on grpo_kernels' decode kernel (e.g. a GPU it does not compile for), it runs again on
         sdpa, which later rollouts keep, after a one-line reason to `on_kernel_failure`; out of memory is raised."""
         while True:
@@ -254,7 +275,7 @@ class StaticDecoder:
                 if self._on_kernel_failure is not None:
                     self._on_kernel_failure(labelled_failure("decode attention kernel failed", exc))
 
-    def _generate(self, model, prompt_ids, max_new_tokens, eos_ids, pad_id, sampling) -> list[list[int]]:
+    def _generate(self, model, prompt_ids, max_new_tokens, eos_ids, pad_id, sampling) -> Completions:
         device = next(model.parameters()).device
         count, width = len(prompt_ids), max(len(p) for p in prompt_ids)
         self._fit(model, count, width + max_new_tokens, device, (sampling, tuple(eos_ids), pad_id))
@@ -269,6 +290,7 @@ class StaticDecoder:
         # Reset in place: the graph keeps pointing at the same storage.
         state.cache.reset()
         state.out.fill_(pad_id)
+        state.logps.zero_()
         state.step.zero_()
         # The bucket's filler rows are done from the start.
         state.finished.copy_(torch.arange(state.rows, device=device) >= count)
@@ -281,7 +303,9 @@ class StaticDecoder:
                 steps = taken
                 break
             self._step(model)
-        return cut_at_eos(state.out[:count, :steps].cpu(), eos_ids)
+        ids = cut_at_eos(state.out[:count, :steps].cpu(), eos_ids)
+        logps = state.logps[:count, :steps].cpu().tolist()
+        return Completions(ids, [row[: len(completion)] for row, completion in zip(logps, ids)])
 
     def _step(self, model: Any) -> None:
         if self._graph is None:
@@ -322,6 +346,7 @@ class StaticDecoder:
             out=torch.full((rows, length), pad_id, dtype=torch.long, device=device),
             finished=torch.zeros(rows, dtype=torch.bool, device=device),
             step=torch.zeros(1, dtype=torch.long, device=device),
+            logps=torch.zeros((rows, length), dtype=torch.float32, device=device),
         )
         self._model_id, self._recipe = id(model), recipe
         # StaticCache allocates its layers on the first write: a one-token prefill does it before any capture.

@@ -32,9 +32,14 @@ if TYPE_CHECKING:
     from grpo_tui.train.profiling import StepProfiler
 
 from grpo_tui.runs.metrics import (
+    COPY_BUILDS_KEY,
+    COPY_REFRESH_KEY,
+    DECODE_COPY_KEY,
     GENERATION_BACKEND_KEY,
     GENERATION_RATE_KEY,
     GENERATION_TOKENS_KEY,
+    MISMATCH_MAX_KEY,
+    MISMATCH_MEAN_KEY,
     PHASES,
     STEP_TIME_KEY,
     phase_time_key,
@@ -293,12 +298,25 @@ def merge_times(per_rank: list[dict[str, float]]) -> dict[str, float]:
     return {key: round(sum(times.get(key, 0.0) for times in per_rank) / len(per_rank), 4) for key in keys}
 
 
-def generation_fields(backend: str, tokens_per_rank: list[int], times: dict[str, float]) -> dict[str, Any]:
-    """A step record's `generation/*` fields: the backend, tokens summed over ranks, and their rate over the
-    (rank-mean) generation time; no rate on a step that generated nothing."""
-    tokens = sum(tokens_per_rank)
+def generation_fields(backend: str, per_rank: list[Any], times: dict[str, float]) -> dict[str, Any]:
+    """A step record's `generation/*` fields from every rank's `rollouts.RolloutStats`: the backend, tokens summed
+    over ranks and their rate over the (rank-mean) generation time (none on a step that generated nothing); the
+    decode copy's refresh time (rank max) and builds; the decode/train log-prob mismatch (mean and max over every
+    rank's compared tokens) where the decoder returned log-probs; the copy's MiB (rank max)."""
+    tokens = sum(stats.tokens for stats in per_rank)
     fields: dict[str, Any] = {GENERATION_BACKEND_KEY: backend, GENERATION_TOKENS_KEY: tokens}
     seconds = times.get(phase_time_key("generation"), 0.0)
     if tokens and seconds > 0:
         fields[GENERATION_RATE_KEY] = round(tokens / seconds, 1)
+    copies = [stats.decode_copy_mib for stats in per_rank if stats.decode_copy_mib is not None]
+    if copies:  # a part of the generation phase's peak, shown as its own line
+        fields[DECODE_COPY_KEY] = max(copies)
+    refresh = [stats.copy_refresh_s for stats in per_rank if stats.copy_refresh_s is not None]
+    if refresh:
+        fields[COPY_REFRESH_KEY] = max(refresh)
+        fields[COPY_BUILDS_KEY] = max(stats.copy_builds for stats in per_rank)
+    count = sum(stats.mismatch_count for stats in per_rank)
+    if count:
+        fields[MISMATCH_MEAN_KEY] = round(sum(stats.mismatch_sum for stats in per_rank) / count, 6)
+        fields[MISMATCH_MAX_KEY] = round(max(s.mismatch_max for s in per_rank if s.mismatch_max is not None), 6)
     return fields

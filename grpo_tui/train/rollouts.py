@@ -1,15 +1,20 @@
-"""The trainer's rollout backend: which `grpo.generation_backend` runs, why a requested one cannot, and the hook
-that puts the graph decoder (`generation.StaticDecoder`) in place of TRL's `_generate_single_turn`."""
+"""The trainer's rollout backend: which `grpo.generation_backend` runs, why a requested one cannot, the hook
+that puts the graph decoder (`generation.StaticDecoder`) in place of TRL's `_generate_single_turn`, and the
+decode copy it reads under FSDP2 and LoRA (`decode_copy`)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
 from grpo_tui.config.schema import GENERATION_BACKENDS
+from grpo_tui.runs.failures import labelled_failure
+from grpo_tui.train.decode_copy import DecodeCopy, DecodeCopyError, merge_blockers
 from grpo_tui.train.generation import Sampling, StaticDecoder
+
+MIB = 2**20
 
 
 def choose_backend(requested: str, device_type: str, blockers: list[str]) -> tuple[str, str | None]:
@@ -27,13 +32,35 @@ def choose_backend(requested: str, device_type: str, blockers: list[str]) -> tup
     return "graph", None
 
 
-def graph_blockers(trainer: Any) -> list[str]:
+def is_fsdp2(trainer: Any) -> bool:
+    return bool(trainer.is_fsdp_enabled and getattr(trainer.accelerator, "is_fsdp2", False))
+
+
+def is_peft(model: Any) -> bool:
+    return hasattr(model, "get_base_model")
+
+
+def wants_copy(trainer: Any, mode: str) -> bool:
+    """Whether the graph decodes on a decode copy: under FSDP2 (the only way it can) and with LoRA (merged
+    adapters decode as fast as the plain model), unless `grpo.decode_copy = off` or the adapters cannot merge."""
+    if mode == "off" or not (is_fsdp2(trainer) or is_peft(trainer.model)):
+        return False
+    return not merge_blockers(trainer.model)
+
+
+def graph_blockers(trainer: Any, copy_mode: str = "keep") -> list[str]:
     """What in this trainer's setup would break a captured decode step."""
     config = trainer.model.config
     attn = getattr(config, "_attn_implementation", None)
     layer_types = set(getattr(config, "layer_types", None) or ["full_attention"])
+    fsdp2 = is_fsdp2(trainer)
+    unmergeable = merge_blockers(trainer.model) if fsdp2 and copy_mode != "off" else []
     refusals = {
-        "FSDP reshards the parameters between forwards": trainer.is_fsdp_enabled,
+        "FSDP1 reshards the parameters between forwards (FSDP2 decodes on a gathered copy)": (
+            trainer.is_fsdp_enabled and not fsdp2
+        ),
+        "FSDP2 reshards the parameters between forwards and grpo.decode_copy is off": fsdp2 and copy_mode == "off",
+        f"FSDP2's decode copy cannot merge {', '.join(unmergeable)}": bool(unmergeable),
         "DeepSpeed gathers the parameters per forward": trainer.is_deepspeed_enabled,
         "use_vllm": trainer.use_vllm,  # (only set with generation_backend = vllm)
         "use_transformers_continuous_batching": trainer.use_transformers_continuous_batching,
@@ -46,12 +73,41 @@ def graph_blockers(trainer: Any) -> list[str]:
     return [reason for reason, refused in refusals.items() if refused]
 
 
+def decode_dtype(trainer: Any) -> torch.dtype | None:
+    """The copy's dtype: the mixed-precision compute dtype when one is set (what the training forward runs in),
+    else None (the parameters' own)."""
+    if trainer.args.bf16:
+        return torch.bfloat16
+    if trainer.args.fp16:
+        return torch.float16
+    return None
+
+
+class RolloutStats(NamedTuple):
+    """One process's rollout figures since the last `take_stats`, for the step record."""
+
+    tokens: int  # completion tokens generated
+    decode_copy_mib: float | None  # the decode copy's size at its last refresh (None: no copy)
+    copy_refresh_s: float | None  # gathering, merging and writing it (its build included), summed
+    copy_builds: int  # times it was allocated
+    mismatch_sum: float  # sum of |log p_decode - log p_train| over the sampled tokens compared
+    mismatch_count: int
+    mismatch_max: float | None
+
+
 class Rollouts:
     """The trainer's chosen backend; `single_turn` wraps TRL's `_generate_single_turn` when it is `graph`."""
 
-    def __init__(self, trainer: Any, requested: str, on_event: Callable[..., None] | None = None) -> None:
+    def __init__(
+        self,
+        trainer: Any,
+        requested: str,
+        on_event: Callable[..., None] | None = None,
+        decode_copy: str = "keep",
+    ) -> None:
         self.trainer = trainer
-        self.backend, reason = choose_backend(requested, trainer.accelerator.device.type, graph_blockers(trainer))
+        blockers = graph_blockers(trainer, decode_copy)
+        self.backend, reason = choose_backend(requested, trainer.accelerator.device.type, blockers)
         self._on_event = on_event
         if reason is not None:
             line = f"grpo.generation_backend {requested} cannot run ({reason}); using generate"
@@ -62,6 +118,7 @@ class Rollouts:
             trainer.generation_config.disable_compile = False
             trainer.generation_kwargs["cache_implementation"] = "static"
         self.decoder = None
+        self.copy: DecodeCopy | None = None
         if self.backend == "graph":
             self.decoder = StaticDecoder(
                 use_graph=True,
@@ -70,7 +127,15 @@ class Rollouts:
                 on_compile_start=self._compiling,
                 on_kernel_failure=self._kernel_failed,
             )
-        self.tokens = 0  # completion tokens generated since the last `take_tokens`
+            if wants_copy(trainer, decode_copy):
+                self.copy = DecodeCopy(decode_copy, decode_dtype(trainer))
+        self._fresh = False  # the copy holds this rollout's weights
+        self._clear_stats()
+
+    def _clear_stats(self) -> None:
+        self.tokens = 0  # completion tokens generated since the last `take_stats`
+        self._refresh_s, self._builds_seen = 0.0, self.copy.builds if self.copy is not None else 0
+        self._mismatch = [0.0, 0, None]  # sum, count, max
 
     def _say(self, line: str) -> None:
         """One line in the run's log, from the main process only."""
@@ -102,33 +167,100 @@ class Rollouts:
         step = self.trainer.state.global_step + 1
         self._fell_back(f"graph decoding {how}: {reason}", requested=requested, used=used, reason=reason, step=step)
 
+    def _copy_failed(self, reason: str) -> None:
+        """No decode copy (out of memory, or a model it cannot mirror): generate for the rest of the run."""
+        step = self.trainer.state.global_step + 1
+        self.decoder, self.copy, self.backend = None, None, "generate"
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        line = f"graph decoding stopped: {reason}; using generate from here on"
+        self._fell_back(line, requested="graph (decode copy)", used="generate", reason=reason, step=step)
+
     def end_rollout(self) -> None:
-        """Free the decoder's bucket before scoring and the loss (the next rollout captures again)."""
+        """Free the decoder's bucket before scoring and the loss (the next rollout captures again), and with
+        `grpo.decode_copy = free` the copy too; the next rollout refreshes the copy from the new weights."""
+        self._fresh = False
+        if self.copy is not None:
+            self.copy.after_rollout()
         if self.decoder is not None and self.decoder.state is not None:
             self.decoder.release()
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()  # the graph's private pool goes back to the device only here
 
-    def take_tokens(self) -> int:
-        tokens, self.tokens = self.tokens, 0
-        return tokens
+    def note_mismatch(self, train_logps: torch.Tensor, decode_logps: torch.Tensor, mask: torch.Tensor) -> None:
+        """Add |log p_train - log p_decode| over the tokens `mask` [B, T] keeps to the step's figures."""
+        delta = (train_logps.detach().float() - decode_logps.float()).abs()[mask.bool()]
+        if delta.numel() == 0:
+            return
+        total, count, top = self._mismatch
+        worst = delta.max().item()
+        self._mismatch = [total + delta.sum().item(), count + delta.numel(), worst if top is None else max(top, worst)]
+
+    def take_stats(self) -> RolloutStats:
+        copy = self.copy
+        size = None if copy is None or not copy.builds else round(copy.last_nbytes / MIB, 2)
+        stats = RolloutStats(
+            tokens=self.tokens,
+            decode_copy_mib=size,
+            copy_refresh_s=None if copy is None or not copy.builds else round(self._refresh_s, 4),
+            copy_builds=(copy.builds - self._builds_seen) if copy is not None else 0,
+            mismatch_sum=self._mismatch[0],
+            mismatch_count=self._mismatch[1],
+            mismatch_max=self._mismatch[2],
+        )
+        self._clear_stats()
+        return stats
 
     def single_turn(self, default: Callable[..., Any]) -> Callable[..., Any]:
-        """`default` itself, or a function with its signature that decodes text prompts with the graph."""
+        """`default` itself, or a function with its signature that decodes text prompts with the graph (and falls
+        back to `default` for good if the decode copy cannot be had)."""
         if self.decoder is None:
             return default
 
         def turn(prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
-            if images is not None or multimodal_fields:
+            if self.decoder is None or images is not None or multimodal_fields:
                 return default(prompt_ids, images, multimodal_fields, num_generations, has_tool_images)
-            return self.generate(prompt_ids), None  # logprobs: None, as TRL's generate path returns
+            try:
+                completions = self.generate(prompt_ids)
+            except DecodeCopyUnavailable as exc:
+                self._copy_failed(str(exc))
+                return default(prompt_ids, images, multimodal_fields, num_generations, has_tool_images)
+            return completions.ids, completions.logprobs
 
         return turn
 
-    def generate(self, prompt_ids: list[list[int]]) -> list[list[int]]:
+    def decode_model(self) -> Any:
+        """The decode copy with this rollout's weights (refreshed on the rollout's first slice); every rank
+        builds it or none does (the refresh's gathers are collectives)."""
+        copy = self.copy
+        if self._fresh:
+            return copy.model
+        try:
+            if copy.model is None:
+                copy.build(self.trainer.model)
+            failed = None
+        except (torch.OutOfMemoryError, DecodeCopyError) as exc:
+            copy.model, failed = None, labelled_failure("the decode copy could not be built", exc)
+        if _any_rank(self.trainer.accelerator, failed is not None):
+            raise DecodeCopyUnavailable(failed or "another rank could not build its decode copy")
+        try:
+            copy.refresh(self.trainer.model)
+        except DecodeCopyError as exc:  # alike on every rank: the names and shapes are the model's
+            copy.model = None
+            raise DecodeCopyUnavailable(str(exc)) from exc
+        self._refresh_s += copy.refresh_s + copy.built_s
+        self._fresh = True
+        return copy.model
+
+    def generate(self, prompt_ids: list[list[int]]) -> Any:
+        t = self.trainer
+        model = self.decode_model() if self.copy is not None else None
+        args = (t.max_completion_length, t.eos_token_ids, t._tokenizer.pad_token_id, Sampling.of_trainer(t))
+        if model is not None:
+            with torch.no_grad():
+                return self.decoder.generate(model, prompt_ids, *args)
         from trl.models.utils import unwrap_model_for_generation
 
-        t = self.trainer
         with (
             unwrap_model_for_generation(
                 t.model_wrapped,
@@ -138,11 +270,16 @@ class Rollouts:
             ) as model,
             torch.no_grad(),
         ):
-            return self.decoder.generate(
-                model,
-                prompt_ids,
-                t.max_completion_length,
-                t.eos_token_ids,
-                t._tokenizer.pad_token_id,
-                Sampling.of_trainer(t),
-            )
+            return self.decoder.generate(model, prompt_ids, *args)
+
+
+class DecodeCopyUnavailable(RuntimeError):
+    """The decode copy could not be had on some rank (the line says why)."""
+
+
+def _any_rank(accelerator: Any, flag: bool) -> bool:
+    """Whether `flag` holds on any process (one small all-reduce; the flag itself with one process)."""
+    if accelerator.num_processes == 1:
+        return flag
+    value = torch.tensor([1.0 if flag else 0.0], device=accelerator.device)
+    return bool(accelerator.reduce(value, reduction="sum").item() > 0)

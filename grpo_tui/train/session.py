@@ -132,7 +132,7 @@ class TrainingSession:
         mine = (
             trainer.phases.snapshot(trainer.phases.take_step()),
             trainer.phases.take_times(),
-            trainer.rollouts.take_tokens(),
+            trainer.rollouts.take_stats(),
         )
         with self.heartbeat.during(COLLECTIVE):
             per_rank = gather_object([mine]) if self.state.use_distributed else [mine]
@@ -152,7 +152,7 @@ class TrainingSession:
                 self._last_reward[key] = record[key]
         record["memory"] = merge_snapshots([snapshot for snapshot, _, _ in per_rank])
         record.update(merge_times([times for _, times, _ in per_rank]))
-        record.update(generation_fields(trainer.rollouts.backend, [tokens for _, _, tokens in per_rank], record))
+        record.update(generation_fields(trainer.rollouts.backend, [stats for _, _, stats in per_rank], record))
         self.writer.write(record)
         self._flush_pending()
         self._write_completions(trainer)

@@ -118,6 +118,7 @@ class GrpoTuiTrainer(LossPhaseMixin, GRPOTrainer):
         lean: bool = False,
         generation_sub_batch: int | None = None,
         generation_backend: str = "auto",
+        decode_copy: str = "keep",
         scoring_sub_batch: int | None = None,
         loss_sub_batch: int | None = None,
         activation_offload: bool = False,
@@ -140,6 +141,7 @@ class GrpoTuiTrainer(LossPhaseMixin, GRPOTrainer):
         self.loss_sub_batch, self.activation_offload = loss_sub_batch, activation_offload
         self.sdpa_kernels = sdpa_kernels  # model.sdpa_kernels: held for the whole step (`training_attention`)
         self.on_step_logged = on_step_logged
+        self._train_logps: torch.Tensor | None = None  # the last loss forward's log-probs (decode mismatch)
         super().__init__(*args, **kwargs)
         # $GRPO_TUI_PROFILE_STEP profiles one step into the run folder (profile_dir); None: no profiling.
         cuda = self.accelerator.device.type == "cuda"
@@ -151,7 +153,7 @@ class GrpoTuiTrainer(LossPhaseMixin, GRPOTrainer):
         self.check_loss_impl(loss_impl)
         if (refusal := self.loss_phase_refusal()) is not None:
             raise LossImplError(refusal)
-        self.rollouts = Rollouts(self, generation_backend, on_event)  # grpo.generation_backend
+        self.rollouts = Rollouts(self, generation_backend, on_event, decode_copy)  # grpo.generation_backend
 
     # ---- the implementation switch -------------------------------------------------------------
     def check_loss_impl(self, impl: str) -> None:
@@ -253,7 +255,7 @@ class GrpoTuiTrainer(LossPhaseMixin, GRPOTrainer):
             # forward keeps its graph for backward, where slicing would not lower the peak; it is left alone.
             batch_size = min(batch_size or input_ids.size(0), self.scoring_sub_batch)
         if self.loss_impl == "trl" or compute_aux_loss or any(v is not None for v in multimodal.values()):
-            return super()._get_per_token_logps_and_entropies(
+            out = super()._get_per_token_logps_and_entropies(
                 model,
                 input_ids,
                 attention_mask,
@@ -263,6 +265,8 @@ class GrpoTuiTrainer(LossPhaseMixin, GRPOTrainer):
                 compute_aux_loss,
                 **multimodal,
             )
+            self._train_logps = out[0] if torch.is_grad_enabled() else None  # the loss forward's, for the mismatch
+            return out
         batch_size = batch_size or input_ids.size(0)
         all_logps, all_entropies = [], []
         for start in range(0, input_ids.size(0), batch_size):
@@ -280,7 +284,9 @@ class GrpoTuiTrainer(LossPhaseMixin, GRPOTrainer):
             all_logps.append(logps)
             all_entropies.append(entropies)
         entropies = torch.cat(all_entropies) if compute_entropy else None
-        return torch.cat(all_logps), entropies, None
+        logps = torch.cat(all_logps)
+        self._train_logps = logps if torch.is_grad_enabled() else None
+        return logps, entropies, None
 
     def _hidden_states(self, model, input_ids, attention_mask, logits_to_keep: int) -> torch.Tensor:
         hidden = model(input_ids=input_ids, attention_mask=attention_mask, return_last_hidden=True)
@@ -308,7 +314,10 @@ class GrpoTuiTrainer(LossPhaseMixin, GRPOTrainer):
     # ---- the loss --------------------------------------------------------------------------------
     def _compute_loss(self, model: torch.nn.Module, inputs: dict[str, Any]) -> torch.Tensor:
         if self.loss_impl != "chunked":
-            return super()._compute_loss(model, inputs)
+            self._train_logps = None
+            loss = super()._compute_loss(model, inputs)
+            self._note_decode_mismatch(inputs, self._train_logps)
+            return loss
         from grpo_kernels import fused_linear_grpo_loss
 
         completion_ids, completion_mask = inputs["completion_ids"], inputs["completion_mask"]
@@ -355,7 +364,19 @@ class GrpoTuiTrainer(LossPhaseMixin, GRPOTrainer):
         if self.loss_type != "dapo":
             loss = loss / accumulation
         self._log_chunked_metrics(mode, metrics, mask, advantages, old_logps)
+        self._note_decode_mismatch(inputs, metrics.logps)
         return loss
+
+    def _note_decode_mismatch(self, inputs: dict[str, Any], train_logps: torch.Tensor | None) -> None:
+        """|log p_decode - log p_train| over the sampled tokens, where the decoder returned its log-probs. The
+        training side is the rollout's own weights: the old log-probs where TRL computed them, else the loss
+        forward's (TRL skips the old ones exactly when the policy has not moved since the rollout)."""
+        decoded = inputs.get("sampling_per_token_logps")
+        train = inputs.get("old_per_token_logps")
+        train = train_logps if train is None else train
+        if decoded is None or train is None or self.use_vllm:
+            return
+        self.rollouts.note_mismatch(train, decoded, loss_mask(inputs))
 
     def _log_chunked_metrics(self, mode, metrics, mask, advantages, old_logps) -> None:
         """The metrics TRL's `_compute_loss` logs, from the kernel's per-process sums."""

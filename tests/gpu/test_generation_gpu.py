@@ -35,7 +35,7 @@ def many_prompts(count: int, vocab: int, seed: int = 0) -> list[list[int]]:
 
 def graph_decode(decoder: StaticDecoder, model: torch.nn.Module, prompts: list[list[int]], eos: list[int]):
     with torch.no_grad():
-        return decoder.generate(model, prompts, MAX_NEW, eos, PAD, Sampling(greedy=True))
+        return decoder.generate(model, prompts, MAX_NEW, eos, PAD, Sampling(greedy=True)).ids
 
 
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
@@ -106,7 +106,7 @@ def test_graph_samples_what_the_eager_twin_samples(tiny_model_path: Path, sampli
         with torch.no_grad():
             decoder.generate(model, prompts, MAX_NEW, EOS, PAD, sampling)  # fits (and captures) the bucket
             torch.manual_seed(7)
-            return decoder.generate(model, prompts, MAX_NEW, EOS, PAD, sampling)
+            return decoder.generate(model, prompts, MAX_NEW, EOS, PAD, sampling).ids
 
     graph = StaticDecoder(use_graph=True)
     got = sampled(graph)
@@ -116,7 +116,7 @@ def test_graph_samples_what_the_eager_twin_samples(tiny_model_path: Path, sampli
 
 
 def test_training_on_cuda_uses_the_graph(tiny_model_path: Path, tmp_path: Path) -> None:
-    from tests.test_trainer import make_run, run_steps
+    from test_trainer import make_run, run_steps
 
     run = make_run(
         tmp_path, "graph-cuda", grpo={"max_steps": 3, "generation_backend": "graph"}, distributed={"use_cpu": False}

@@ -1,0 +1,327 @@
+"""The decode copy (grpo_tui/train/decode_copy.py): full weights with LoRA merged, refreshed in place.
+
+On one process: the merge against peft's own, what cannot merge, ties, buffers, keep and free. On two CPU
+processes (gloo) with `fully_shard` called directly (accelerate runs DDP on the CPU, see ENVIRONMENT.md):
+the graph decoder's eager twin on the copy of an FSDP2-sharded model decodes, greedy, exactly what
+`generate` decodes on the unsharded model, with and without LoRA, and after an optimizer step the next
+refresh follows the new weights.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from peft import LoraConfig, get_peft_model
+from test_distributed_cpu import _errors
+from transformers import AutoModelForCausalLM
+
+from grpo_tui.train.decode_copy import DecodeCopy, DecodeCopyError, merge_blockers, merged_tensors
+from grpo_tui.train.generation import Sampling, StaticDecoder
+
+TARGETS = ["q_proj", "v_proj", "o_proj", "up_proj", "down_proj"]
+
+
+def lora_model(path: Path, seed: int = 0, **config) -> torch.nn.Module:
+    """The tiny model with LoRA adapters whose B is not zero (a fresh adapter would change nothing)."""
+    torch.manual_seed(seed)
+    base = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    config = {"r": 4, "lora_alpha": 8, "target_modules": TARGETS, "lora_dropout": 0.0, **config}
+    model = get_peft_model(base, LoraConfig(**config))
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "lora_B" in name:
+                param.normal_(0, 0.3)
+    return model.eval()
+
+
+def test_merged_weights_equal_peft_merge_and_the_adapters_stay(tiny_model_path: Path) -> None:
+    model = lora_model(tiny_model_path)
+    before = {name: p.clone() for name, p in model.named_parameters()}
+    decode = DecodeCopy("keep")
+    decode.build(model)
+    plain = decode.refresh(model)
+    merged = copy.deepcopy(model).merge_and_unload()
+    expected = dict(merged.named_parameters())
+    got = dict(plain.named_parameters())
+    assert got.keys() == expected.keys()
+    for name, tensor in expected.items():
+        torch.testing.assert_close(got[name], tensor, rtol=1e-6, atol=1e-6, msg=name)
+    # The trained weights and adapters are only read
+    for name, param in model.named_parameters():
+        assert torch.equal(param, before[name]), name
+    assert not any(p.requires_grad for p in plain.parameters()) and not plain.training
+
+
+def test_copy_keeps_ties_and_buffer_dtypes(tiny_model_path: Path, tmp_path: Path) -> None:
+    from transformers import AutoConfig
+
+    # Qwen3-0.6B and 1.7B tie lm_head to the embeddings (the tiny model does not): a tied variant of the tiny one
+    config = AutoConfig.from_pretrained(tiny_model_path, tie_word_embeddings=True)
+    AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path / "tied")
+    model = lora_model(tmp_path / "tied")
+    base = model.get_base_model()
+    assert base.lm_head.weight.data_ptr() == base.model.embed_tokens.weight.data_ptr()
+    decode = DecodeCopy("keep", dtype=torch.float16)
+    plain = decode.build(model)
+    decode.refresh(model)
+    assert plain.lm_head.weight.data_ptr() == plain.model.embed_tokens.weight.data_ptr()  # tied as the source
+    assert plain.model.embed_tokens.weight.dtype == torch.float16
+    source_buffers = dict(base.named_buffers())
+    for name, buffer in plain.named_buffers():
+        assert buffer.dtype == source_buffers[name].dtype, name
+        assert torch.equal(buffer, source_buffers[name]), name
+    assert decode.nbytes == sum(p.numel() * 2 for p in plain.parameters()) + sum(
+        b.numel() * b.element_size() for b in plain.buffers()
+    )
+
+
+def test_refresh_follows_changed_weights_in_place(tiny_model_path: Path) -> None:
+    model = lora_model(tiny_model_path)
+    decode = DecodeCopy("keep")
+    decode.build(model)
+    plain = decode.refresh(model)
+    storage = {name: p.data_ptr() for name, p in plain.named_parameters()}
+    with torch.no_grad():
+        layer = model.get_base_model().model.layers[0].self_attn.q_proj
+        layer.lora_B["default"].weight.add_(1.0)
+        layer.base_layer.weight.mul_(0.5)
+    again = decode.refresh(model)
+    assert again is plain and {name: p.data_ptr() for name, p in again.named_parameters()} == storage
+    expected = dict(copy.deepcopy(model).merge_and_unload().named_parameters())
+    name = "model.layers.0.self_attn.q_proj.weight"
+    torch.testing.assert_close(dict(again.named_parameters())[name], expected[name], rtol=1e-6, atol=1e-6)
+    # Adapters disabled (the reference model under beta > 0) merge nothing
+    with model.disable_adapter():
+        tensors = dict(merged_tensors(model))
+    torch.testing.assert_close(tensors[name], layer.base_layer.weight)
+
+
+def test_free_drops_the_copy_and_keep_holds_it(tiny_model_path: Path) -> None:
+    model = lora_model(tiny_model_path)
+    for mode, held in (("keep", True), ("free", False)):
+        decode = DecodeCopy(mode)
+        decode.build(model)
+        decode.refresh(model)
+        size = decode.nbytes
+        decode.after_rollout()
+        assert (decode.model is not None) is held
+        assert decode.nbytes == (size if held else 0) and decode.last_nbytes == size
+    with pytest.raises(ValueError, match="grpo.decode_copy: got 'off'; allowed: keep, free"):
+        DecodeCopy("off")
+    with pytest.raises(DecodeCopyError, match="refresh before build"):
+        DecodeCopy("keep").refresh(model)
+
+
+def test_adapters_that_cannot_merge_are_named(tiny_model_path: Path) -> None:
+    assert merge_blockers(lora_model(tiny_model_path)) == []
+    assert merge_blockers(lora_model(tiny_model_path, use_dora=True)) == ["DoRA adapters"]
+    saved = lora_model(tiny_model_path, target_modules=["q_proj"], modules_to_save=["lm_head"])
+    assert merge_blockers(saved) == ["peft modules_to_save"]
+    plain = AutoModelForCausalLM.from_pretrained(tiny_model_path)
+    assert merge_blockers(plain) == []
+
+
+FSDP_DECODE_SCRIPT = r"""
+import json, os, sys, torch, torch.distributed as dist
+from torch.distributed.fsdp import fully_shard
+from transformers import AutoModelForCausalLM, GenerationConfig
+from grpo_tui.train.decode_copy import DecodeCopy
+from grpo_tui.train.generation import Sampling, StaticDecoder, cut_at_eos
+sys.path.insert(0, sys.argv[4])
+from test_decode_copy import lora_model
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+path, lora, out = sys.argv[1], sys.argv[2] == "lora", sys.argv[3]
+torch.set_num_threads(1)
+make = (lambda: lora_model(path)) if lora else (lambda: AutoModelForCausalLM.from_pretrained(path).float().eval())
+model, ref = make(), make()
+base = model.get_base_model() if lora else model
+for layer in base.model.layers:
+    fully_shard(layer)
+fully_shard(model)
+# Each rank decodes its own prompts
+g = torch.Generator().manual_seed(10 + rank)
+prompts = [torch.randint(5, 80, (int(n),), generator=g).tolist() for n in torch.randint(3, 7, (6,), generator=g)]
+EOS, PAD, NEW = [4], 0, 10
+
+def reference():
+    width = max(map(len, prompts))
+    ids = torch.tensor([[PAD] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    config = GenerationConfig(max_new_tokens=NEW, pad_token_id=PAD, eos_token_id=EOS, do_sample=False, disable_compile=True)
+    with torch.no_grad():
+        return cut_at_eos(ref.generate(input_ids=ids, attention_mask=mask, generation_config=config)[:, width:], EOS)
+
+decode, decoder = DecodeCopy("keep"), StaticDecoder(use_graph=False)
+def ours():
+    plain = decode.refresh(model)
+    with torch.no_grad():
+        return decoder.generate(plain, prompts, NEW, EOS, PAD, Sampling(greedy=True)).ids
+
+decode.build(model)
+sharded = all(hasattr(p, "full_tensor") for p in model.parameters())
+before, before_ref = ours(), reference()
+# One optimizer step on the shards (each rank its own batch; FSDP averages the gradients), big enough to move
+# the greedy tokens; the unsharded reference then takes the gathered weights.
+model.train()
+trainable = [p for p in model.parameters() if p.requires_grad]
+optimizer = torch.optim.AdamW(trainable, lr=0.05)
+ids = torch.randint(5, 80, (4, 8), generator=g)
+logits = model(input_ids=ids).logits
+torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), ids[:, 1:].flatten()).backward()
+optimizer.step()
+model.eval()
+with torch.no_grad():
+    ref_params = dict(ref.named_parameters())
+    for name, param in model.named_parameters():
+        ref_params[name].copy_(param.full_tensor())
+after, after_ref = ours(), reference()
+result = {"sharded": sharded, "before": before, "before_ref": before_ref, "after": after, "after_ref": after_ref,
+          "builds": decode.builds}
+with open(f"{out}/rank{rank}.json", "w") as handle:
+    handle.write(json.dumps(result))
+dist.barrier()
+os._exit(0)  # gloo's threads intermittently abort in the interpreter's teardown on CPU
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("adapters", ["lora", "full"])
+def test_fsdp2_decode_copy_matches_generate_and_follows_a_step(
+    tiny_model_path: Path, tmp_path: Path, adapters: str
+) -> None:
+    script = tmp_path / "fsdp_decode.py"
+    script.write_text(FSDP_DECODE_SCRIPT)
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    argv += [str(script), str(tiny_model_path), adapters, str(tmp_path), str(Path(__file__).parent)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=240, env=env, cwd=tmp_path)
+    assert proc.returncode == 0, _errors(proc.stderr)
+    results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    for r in results:
+        assert r["sharded"]  # every parameter a DTensor shard: the copy gathered them
+        assert r["before"] == r["before_ref"]  # token for token, every row
+        assert r["after"] == r["after_ref"]
+        assert r["builds"] == 1  # refreshed in place, not rebuilt
+    assert results[0]["before"] != results[1]["before"]  # each rank decoded its own prompts
+    assert any(r["after"] != r["before"] for r in results)  # the step moved the tokens: following it matters
+
+
+def test_eager_twin_logprobs_are_the_models_own(tiny_model_path: Path) -> None:
+    """The log-probs the decoder returns are what a forward over prompt + completion gives (fp32)."""
+    model = lora_model(tiny_model_path)
+    decode = DecodeCopy("keep")
+    decode.build(model)
+    plain = decode.refresh(model)
+    prompts = [[4, 75, 5, 83], [6, 75, 7]]
+    torch.manual_seed(3)
+    with torch.no_grad():
+        out = StaticDecoder(use_graph=False).generate(plain, prompts, 6, [4], 0, Sampling(temperature=0.7))
+        for prompt, ids, logps in zip(prompts, out.ids, out.logprobs):
+            logits = model(input_ids=torch.tensor([prompt + ids])).logits[0, len(prompt) - 1 : -1] / 0.7
+            expected = logits.log_softmax(-1).gather(1, torch.tensor(ids)[:, None])[:, 0]
+            torch.testing.assert_close(torch.tensor(logps), expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("mode", ["keep", "free"])
+def test_a_lora_run_decodes_on_the_copy_and_records_it(
+    tiny_model_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str
+) -> None:
+    """A whole LoRA run (beta > 0: the reference is the model with adapters disabled) with its rollouts on the
+    copy: the graph's eager twin stands in for the CUDA graph, which the CPU cannot capture."""
+    from test_trainer import make_run, run_steps
+
+    from grpo_tui.train import rollouts
+
+    monkeypatch.setattr(rollouts, "choose_backend", lambda requested, device, blockers: ("graph", None))
+    monkeypatch.setattr(rollouts, "StaticDecoder", lambda **options: StaticDecoder(use_graph=False))
+    peft = {"enabled": True, "r": 4, "alpha": 8.0, "dropout": 0.0, "target_modules": TARGETS}
+    grpo = {"max_steps": 3, "beta": 0.04, "generation_backend": "graph", "decode_copy": mode}
+    code, steps, events = run_steps(make_run(tmp_path, mode, grpo=grpo, peft=peft))
+    assert code == 0 and len(steps) == 3, events
+    assert not [e for e in events if e["event"] == "generation_fallback"]
+    for step in steps:
+        assert step["generation/backend"] == "graph" and step["generation/decode_copy_mib"] > 0
+        assert step["generation/copy_refresh_s"] > 0 and step["kl"] >= 0
+        # Decode and training forward compute the same fp32 log-probs (merged vs unmerged adapters)
+        assert 0 <= step["generation/logp_mismatch_mean"] <= step["generation/logp_mismatch_max"] < 1e-4
+    builds = [step["generation/copy_builds"] for step in steps]
+    assert builds == ([1, 0, 0] if mode == "keep" else [1, 1, 1])
+
+
+def fake_trainer(model: torch.nn.Module, fsdp: bool = False, fsdp2: bool = False, device: str = "cuda"):
+    """What `Rollouts` reads of a trainer, for backends chosen as on a CUDA machine."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(
+        model=model,
+        is_fsdp_enabled=fsdp,
+        is_deepspeed_enabled=False,
+        use_vllm=False,
+        use_transformers_continuous_batching=False,
+        _is_vlm=False,
+        max_completion_length=8,
+        accelerator=SimpleNamespace(is_fsdp2=fsdp2, device=torch.device(device), is_main_process=True, num_processes=1),
+        args=SimpleNamespace(bf16=True, fp16=False),
+        state=SimpleNamespace(global_step=4),
+    )
+
+
+def test_fsdp2_and_lora_take_the_graph_on_a_copy_and_fsdp1_falls_back(tiny_model_path: Path, capsys) -> None:
+    from grpo_tui.train.rollouts import Rollouts
+
+    plain = AutoModelForCausalLM.from_pretrained(tiny_model_path)
+    lora = lora_model(tiny_model_path)
+    cases = {  # (model, fsdp, fsdp2, decode_copy) -> (backend, a copy, the log line's reason)
+        "full, no FSDP": ((plain, False, False, "keep"), ("graph", False, None)),
+        "LoRA, no FSDP": ((lora, False, False, "keep"), ("graph", True, None)),
+        "LoRA unmerged": ((lora, False, False, "off"), ("graph", False, None)),
+        "FSDP2": ((plain, True, True, "keep"), ("graph", True, None)),
+        "FSDP2 + LoRA, free": ((lora, True, True, "free"), ("graph", True, None)),
+        "FSDP2, no copy": ((plain, True, True, "off"), ("generate", False, "grpo.decode_copy is off")),
+        "FSDP1": ((plain, True, False, "keep"), ("generate", False, "FSDP1 reshards")),
+        "FSDP2 + DoRA": ((lora_model(tiny_model_path, use_dora=True), True, True, "keep"), ("generate", False, "DoRA")),
+    }
+    for name, ((model, fsdp, fsdp2, mode), (backend, copied, reason)) in cases.items():
+        rollouts = Rollouts(fake_trainer(model, fsdp, fsdp2), "graph", decode_copy=mode)
+        line = capsys.readouterr().out
+        assert rollouts.backend == backend, name
+        assert (rollouts.copy is not None) is copied, name
+        if copied:
+            assert rollouts.copy.mode == mode and rollouts.copy.dtype == torch.bfloat16  # the bf16 compute dtype
+        assert (reason in line) if reason else line == "", (name, line)
+
+
+def test_a_copy_that_cannot_be_built_falls_back_to_generate_for_good(tiny_model_path: Path, capsys) -> None:
+    from grpo_tui.train import rollouts as module
+
+    events = []
+    rollouts = module.Rollouts(
+        fake_trainer(lora_model(tiny_model_path)), "graph", on_event=lambda name, **f: events.append((name, f))
+    )
+
+    def out_of_memory(trained):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 3.20 GiB")
+
+    rollouts.copy.build = out_of_memory
+    calls = []
+
+    def default(prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+        calls.append(len(prompt_ids))
+        return [[1]] * len(prompt_ids), None
+
+    turn = rollouts.single_turn(default)
+    assert turn([[3, 4], [5]], None, {}, 2) == ([[1], [1]], None)
+    assert rollouts.backend == "generate" and rollouts.decoder is None and rollouts.copy is None
+    assert turn([[3]], None, {}, 2) == ([[1]], None) and calls == [2, 1]  # later rollouts go straight to generate
+    line = capsys.readouterr().out
+    assert line.count("\n") == 1 and "the decode copy could not be built" in line and "generate from here on" in line
+    assert [(name, f["used"], f["step"]) for name, f in events] == [("generation_fallback", "generate", 5)]
