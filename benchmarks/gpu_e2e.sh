@@ -3,7 +3,7 @@
 #
 # Run from the repository root on a CUDA machine that has torch, triton, transformers, accelerate and
 # peft (the device image), with the missing packages as wheels in .whl/ and GSM8K in .devdata/:
-#   bash benchmarks/gpu_e2e.sh PHASE...     PHASE: tests kernel generation memory memory2 concurrent rollout dashboard profile steps
+#   bash benchmarks/gpu_e2e.sh PHASE...     PHASE: tests kernel generation memory memory2 concurrent rollout dashboard profile steps fsdp
 # Results land in $OUT (default ./gpu-out): one folder per phase plus a log; a table is printed last.
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu-out}
@@ -35,7 +35,7 @@ for phase in "$@"; do
   echo "=== phase $phase $(date -u +%T)"
   case $phase in
     tests)
-      timeout ${TESTS_TIMEOUT:-240} python3 -m pytest -q -p no:cacheprovider tests/gpu 2>&1 | tail -25 | tee "$OUT/gpu-tests.log"
+      timeout ${TESTS_TIMEOUT:-240} python3 -m pytest -q -p no:cacheprovider ${TESTS:-tests/gpu} 2>&1 | tail -25 | tee "$OUT/gpu-tests.log"
       ;;
     generation)
       # Issue 13: rollout tokens/s per grpo.generation_backend, the sampling check and the bandwidth bound.
@@ -170,7 +170,14 @@ for phase in "$@"; do
       mean=(); [ "$count" -gt 2 ] && mean=(--mean)
       python3 benchmarks/step_times.py "${mean[@]}" --out "$OUT/steps/step-times.json" "${labels[@]}" | tee "$OUT/steps/step-times.md"
       ;;
-    *) echo "unknown phase $phase; allowed: tests kernel generation memory memory2 concurrent rollout dashboard profile steps" >&2; exit 2 ;;
+    fsdp)
+      # Whole steps of the FSDP + LoRA preset (Qwen3-1.7B shape, 1 process) per rollout path: FSDP2 on the decode
+      # copy (keep, free), no FSDP (LoRA merged, unmerged, no LoRA) and TRL as a LoRA user has it.
+      python3 -c "from grpo_tui.tasks.shapes import build_shaped_model as b; print(b('qwen3-1.7b-shape'))" || exit 1
+      timeout ${FSDP_TIMEOUT:-560} python3 benchmarks/fsdp_rollouts.py --data "$GSM8K" --out "$OUT/fsdp" \
+        ${FSDP_ARGS:-} 2>&1 | tail -12
+      ;;
+    *) echo "unknown phase $phase; allowed: tests kernel generation memory memory2 concurrent rollout dashboard profile steps fsdp" >&2; exit 2 ;;
   esac
 done
 echo "=== done $(date -u +%T)"

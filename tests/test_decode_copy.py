@@ -128,69 +128,15 @@ def test_adapters_that_cannot_merge_are_named(tiny_model_path: Path) -> None:
     assert merge_blockers(plain) == []
 
 
-FSDP_DECODE_SCRIPT = r"""
-import json, os, sys, torch, torch.distributed as dist
-from torch.distributed.fsdp import fully_shard
-from transformers import AutoModelForCausalLM, GenerationConfig
-from grpo_tui.train.decode_copy import DecodeCopy
-from grpo_tui.train.generation import Sampling, StaticDecoder, cut_at_eos
-sys.path.insert(0, sys.argv[4])
-from test_decode_copy import lora_model
-
-dist.init_process_group("gloo")
-rank = dist.get_rank()
-path, lora, out = sys.argv[1], sys.argv[2] == "lora", sys.argv[3]
-torch.set_num_threads(1)
-make = (lambda: lora_model(path)) if lora else (lambda: AutoModelForCausalLM.from_pretrained(path).float().eval())
-model, ref = make(), make()
-base = model.get_base_model() if lora else model
-for layer in base.model.layers:
-    fully_shard(layer)
-fully_shard(model)
-# Each rank decodes its own prompts
-g = torch.Generator().manual_seed(10 + rank)
-prompts = [torch.randint(5, 80, (int(n),), generator=g).tolist() for n in torch.randint(3, 7, (6,), generator=g)]
-EOS, PAD, NEW = [4], 0, 10
-
-def reference():
-    width = max(map(len, prompts))
-    ids = torch.tensor([[PAD] * (width - len(p)) + p for p in prompts])
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
-    config = GenerationConfig(max_new_tokens=NEW, pad_token_id=PAD, eos_token_id=EOS, do_sample=False, disable_compile=True)
-    with torch.no_grad():
-        return cut_at_eos(ref.generate(input_ids=ids, attention_mask=mask, generation_config=config)[:, width:], EOS)
-
-decode, decoder = DecodeCopy("keep"), StaticDecoder(use_graph=False)
-def ours():
-    plain = decode.refresh(model)
-    with torch.no_grad():
-        return decoder.generate(plain, prompts, NEW, EOS, PAD, Sampling(greedy=True)).ids
-
-decode.build(model)
-sharded = all(hasattr(p, "full_tensor") for p in model.parameters())
-before, before_ref = ours(), reference()
-# One optimizer step on the shards (each rank its own batch; FSDP averages the gradients), big enough to move
-# the greedy tokens; the unsharded reference then takes the gathered weights.
-model.train()
-trainable = [p for p in model.parameters() if p.requires_grad]
-optimizer = torch.optim.AdamW(trainable, lr=0.05)
-ids = torch.randint(5, 80, (4, 8), generator=g)
-logits = model(input_ids=ids).logits
-torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), ids[:, 1:].flatten()).backward()
-optimizer.step()
-model.eval()
-with torch.no_grad():
-    ref_params = dict(ref.named_parameters())
-    for name, param in model.named_parameters():
-        ref_params[name].copy_(param.full_tensor())
-after, after_ref = ours(), reference()
-result = {"sharded": sharded, "before": before, "before_ref": before_ref, "after": after, "after_ref": after_ref,
-          "builds": decode.builds}
-with open(f"{out}/rank{rank}.json", "w") as handle:
-    handle.write(json.dumps(result))
-dist.barrier()
-os._exit(0)  # gloo's threads intermittently abort in the interpreter's teardown on CPU
-"""
+def run_probe(model: Path, adapters: str, out: Path, device: str, check: str, ranks: int) -> list[dict]:
+    """tests/fsdp_decode_probe.py on `ranks` processes; each rank's result."""
+    probe = Path(__file__).with_name("fsdp_decode_probe.py")
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(ranks)]
+    argv += [str(probe), str(model), adapters, str(out), device, check]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=env, cwd=out)
+    assert proc.returncode == 0, _errors(proc.stderr)
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(ranks)]
 
 
 @pytest.mark.slow
@@ -198,14 +144,7 @@ os._exit(0)  # gloo's threads intermittently abort in the interpreter's teardown
 def test_fsdp2_decode_copy_matches_generate_and_follows_a_step(
     tiny_model_path: Path, tmp_path: Path, adapters: str
 ) -> None:
-    script = tmp_path / "fsdp_decode.py"
-    script.write_text(FSDP_DECODE_SCRIPT)
-    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
-    argv += [str(script), str(tiny_model_path), adapters, str(tmp_path), str(Path(__file__).parent)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=240, env=env, cwd=tmp_path)
-    assert proc.returncode == 0, _errors(proc.stderr)
-    results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    results = run_probe(tiny_model_path, adapters, tmp_path, "cpu", "greedy", ranks=2)
     for r in results:
         assert r["sharded"]  # every parameter a DTensor shard: the copy gathered them
         assert r["before"] == r["before_ref"]  # token for token, every row

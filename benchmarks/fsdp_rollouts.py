@@ -1,0 +1,216 @@
+"""Whole training steps of the FSDP + LoRA preset per rollout path, and rollout rows against the bandwidth bound.
+
+    python benchmarks/fsdp_rollouts.py --data GSM8K.jsonl --out DIR [--specs LABEL ...] [--rollouts BENCH.json ...]
+
+Each spec is a fresh headless run of `qwen3-1.7b-gsm8k-fsdp-lora` (or another preset) on the Qwen3-1.7B shape with
+random weights, one process, GSM8K prompts, `--steps` steps (default 3); its row is the mean of steps 2 on (step 1
+compiles). `--rollouts` adds the rows of `generation_bench.py` results (tokens/s and the fraction of the memory-
+bandwidth bound per batch and length). Writes DIR/fsdp-rollouts.json with `rows` and the command; prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # step_times, run as a script or loaded by file
+
+from step_times import pick_steps  # noqa: E402 - after sys.path.insert
+
+from grpo_tui.runs.metrics import (  # noqa: E402
+    DECODE_COPY_KEY,
+    GENERATION_BACKEND_KEY,
+    GENERATION_RATE_KEY,
+    MISMATCH_MAX_KEY,
+    MISMATCH_MEAN_KEY,
+    STEP_TIME_KEY,
+    phase_time_key,
+    read_records,
+    step_records,
+)
+
+PRESET = "qwen3-1.7b-gsm8k-fsdp-lora"
+# label -> (fsdp, lora, extra --set overrides); every spec also gets COMMON_SETS
+SPECS: dict[str, tuple[bool, bool, tuple[str, ...]]] = {
+    "fsdp2-graph-keep": (True, True, ()),
+    "fsdp2-graph-free": (True, True, ("grpo.decode_copy=free",)),
+    "graph-lora-merged": (False, True, ("distributed.fsdp=false",)),
+    "graph-lora-unmerged": (False, True, ("distributed.fsdp=false", "grpo.decode_copy=off")),
+    "graph-no-lora": (False, False, ("distributed.fsdp=false", "peft.enabled=false")),
+    "trl-user-lora": (False, True, ("distributed.fsdp=false", "loss.impl=trl", "grpo.generation_backend=generate")),
+    "fsdp2-generate": (True, True, ("grpo.generation_backend=generate",)),
+}
+DEFAULT_SPECS = [label for label in SPECS if label != "fsdp2-generate"]
+
+
+def common_sets(model: str, data: str, batch: int, length: int, steps: int) -> list[str]:
+    return [
+        f"model.name_or_path={model}",
+        f"data.source={data}",
+        "distributed.num_processes=1",
+        f"grpo.per_device_batch_size={batch}",
+        "grpo.gradient_accumulation_steps=1",
+        f"grpo.max_completion_length={length}",
+        f"grpo.max_steps={steps}",
+        "logging.save_steps=0",
+        "logging.completions_per_step=0",
+    ]
+
+
+def _mean(values: list[Any]) -> float | None:
+    numbers = [v for v in values if isinstance(v, (int, float))]
+    return round(sum(numbers) / len(numbers), 4) if numbers else None
+
+
+def run_row(label: str, preset: str, sets: list[str], runs: Path, log: Path, timeout: int) -> dict[str, Any]:
+    """One fresh headless run and its row (the mean of steps 2 on)."""
+    fsdp, lora, extra = SPECS[label]
+    argv = [sys.executable, "-m", "grpo_tui.cli", "run", preset, "--headless", "--runs-dir", str(runs)]
+    for item in [*sets, *extra]:
+        argv += ["--set", item]
+    start = time.perf_counter()
+    with log.open("w") as handle:
+        code = subprocess.run(argv, stdout=handle, stderr=subprocess.STDOUT, timeout=timeout).returncode
+    row: dict[str, Any] = {"label": label, "preset": preset, "fsdp": fsdp, "lora": lora, "exit": code}
+    row["wall_s"] = round(time.perf_counter() - start, 1)
+    metrics = sorted(runs.glob("*/metrics.jsonl"))
+    records = read_records(metrics[-1]) if metrics else []
+    steps = pick_steps(step_records(records), set())
+    if not steps:
+        errors = [r.get("message") for r in records if r.get("event") in ("error", "oom")]
+        row["error"] = (errors or ["no step record"])[-1]
+        return row
+    peak = max(max((g.get("peak_mib", 0.0) for g in (s.get("memory") or {}).get("gpus") or []), default=0.0) for s in steps)
+    copy = steps[-1].get(DECODE_COPY_KEY)
+    fallbacks = [r.get("reason") for r in records if r.get("event") == "generation_fallback"]
+    row.update(
+        backend=steps[-1].get(GENERATION_BACKEND_KEY),
+        batch=int(_set_value(sets, "grpo.per_device_batch_size")),
+        completion_length=int(_set_value(sets, "grpo.max_completion_length")),
+        steps=[s["step"] for s in steps],
+        step_s=_mean([s.get(STEP_TIME_KEY) for s in steps]),
+        generation_s=_mean([s.get(phase_time_key("generation")) for s in steps]),
+        scoring_s=_mean([s.get(phase_time_key("scoring")) for s in steps]),
+        loss_s=_mean([s.get(phase_time_key("loss")) for s in steps]),
+        generation_tokens_per_s=_mean([s.get(GENERATION_RATE_KEY) for s in steps]),
+        bound_fraction=None,
+        peak_gib=round(peak / 1024, 2) if peak else None,
+        decode_copy_gib=None if copy is None else round(copy / 1024, 3),
+        copy_refresh_s=_mean([s.get("generation/copy_refresh_s") for s in steps]),
+        logp_mismatch_mean=_mean([s.get(MISMATCH_MEAN_KEY) for s in steps]),
+        logp_mismatch_max=max((s[MISMATCH_MAX_KEY] for s in steps if MISMATCH_MAX_KEY in s), default=None),
+        completion_mean_length=_mean([s.get("completions/mean_length") for s in steps]),
+        fallbacks=fallbacks,
+    )
+    return row
+
+
+def _set_value(sets: list[str], key: str) -> str:
+    return next(item.split("=", 1)[1] for item in reversed(sets) if item.startswith(key + "="))
+
+
+def rollout_rows(bench: Path) -> list[dict[str, Any]]:
+    """generation_bench.py's throughput rows as rows of this file (the 0.6B shape, no FSDP, no LoRA)."""
+    result = json.loads(bench.read_text())
+    rows = []
+    for r in result["throughput"]:
+        rows.append(
+            {
+                "label": f"rollout {r['backend']} {r['batch']}x{result['new_tokens']}",
+                "preset": result["model"],
+                "fsdp": False,
+                "lora": False,
+                "backend": r["backend"],
+                "batch": r["batch"],
+                "completion_length": result["new_tokens"],
+                "step_s": None,
+                "generation_s": r["s"],
+                "generation_tokens_per_s": round(r["tokens_per_s"], 1),
+                "bound_tokens_per_s": round(r["bound_tokens_per_s"], 1),
+                "bound_fraction": round(r["bound_fraction"], 4),
+                "peak_gib": None if r["peak_mib"] is None else round(r["peak_mib"] / 1024, 2),
+                "decode_copy_gib": None,
+                "source": str(bench),
+            }
+        )
+    return rows
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    head = f"{'label':28} {'backend':9} {'batch':>5} {'step s':>7} {'gen s':>7} {'tok/s':>8} {'bound':>6} {'peak GiB':>8} {'copy GiB':>8} {'Δlogp':>8}"
+    lines = [head]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"{r['label']:28} failed (exit {r.get('exit')}): {r['error']}")
+            continue
+
+        def cell(key: str, spec: str) -> str:
+            value = r.get(key)
+            return "-" if value is None else format(value, spec)
+
+        lines.append(
+            f"{r['label']:28} {str(r.get('backend')):9} {r['batch']:>5} {cell('step_s', '.3f'):>7} "
+            f"{cell('generation_s', '.3f'):>7} {cell('generation_tokens_per_s', '.0f'):>8} "
+            f"{cell('bound_fraction', '.1%'):>6} {cell('peak_gib', '.2f'):>8} {cell('decode_copy_gib', '.2f'):>8} "
+            f"{cell('logp_mismatch_mean', '.4f'):>8}"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", required=True, help="GSM8K-style .jsonl")
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--preset", default=PRESET)
+    parser.add_argument("--model", default="builtin:qwen3-1.7b-shape")
+    parser.add_argument("--specs", nargs="*", default=DEFAULT_SPECS, help=f"any of: {', '.join(SPECS)}")
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--length", type=int, default=256)
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--timeout", type=int, default=240, help="seconds per run")
+    parser.add_argument("--rollouts", type=Path, nargs="*", default=[], help="generation_bench.py JSON results")
+    args = parser.parse_args(argv)
+    unknown = [s for s in args.specs if s not in SPECS]
+    if unknown:
+        parser.error(f"--specs: got {', '.join(unknown)}; allowed: {', '.join(SPECS)}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    data = args.data if args.data.startswith("builtin:") else str(Path(args.data).resolve())
+    sets = common_sets(args.model, data, args.batch, args.length, args.steps)
+    rows = []
+    for label in args.specs:
+        runs = args.out / "runs" / label
+        rows.append(run_row(label, args.preset, sets, runs, args.out / f"{label}.log", args.timeout))
+        print(json.dumps(rows[-1]), flush=True)
+    for bench in args.rollouts:
+        rows += rollout_rows(bench)
+    result = {
+        "what": "whole steps of the FSDP + LoRA preset per rollout path; rollouts against the bandwidth bound",
+        "command": " ".join(["python", "benchmarks/fsdp_rollouts.py", *(argv if argv is not None else sys.argv[1:])]),
+        "device": _device(),
+        "python": platform.python_version(),
+        "env": {k: v for k, v in os.environ.items() if k in ("GRPO_TUI_CACHE_DIR", "HF_HUB_OFFLINE")},
+        "rows": rows,
+    }
+    (args.out / "fsdp-rollouts.json").write_text(json.dumps(result, indent=1) + "\n")
+    print(table(rows))
+    return 0 if all("error" not in r for r in rows) else 1
+
+
+def _device() -> str:
+    try:
+        import torch
+
+        return torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    except Exception:  # the table still prints
+        return "unknown"
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
