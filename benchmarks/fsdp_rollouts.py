@@ -87,7 +87,9 @@ def run_row(label: str, preset: str, sets: list[str], runs: Path, log: Path, tim
         errors = [r.get("message") for r in records if r.get("event") in ("error", "oom")]
         row["error"] = (errors or ["no step record"])[-1]
         return row
-    peak = max(max((g.get("peak_mib", 0.0) for g in (s.get("memory") or {}).get("gpus") or []), default=0.0) for s in steps)
+    peak = max(
+        max((g.get("peak_mib", 0.0) for g in (s.get("memory") or {}).get("gpus") or []), default=0.0) for s in steps
+    )
     copy = steps[-1].get(DECODE_COPY_KEY)
     fallbacks = [r.get("reason") for r in records if r.get("event") == "generation_fallback"]
     row.update(
@@ -143,6 +145,11 @@ def rollout_rows(bench: Path) -> list[dict[str, Any]]:
     return rows
 
 
+def _cell(row: dict[str, Any], key: str, spec: str) -> str:
+    value = row.get(key)
+    return "-" if value is None else format(value, spec)
+
+
 def table(rows: list[dict[str, Any]]) -> str:
     head = f"{'label':28} {'backend':9} {'batch':>5} {'step s':>7} {'gen s':>7} {'tok/s':>8} {'bound':>6} {'peak GiB':>8} {'copy GiB':>8} {'Δlogp':>8}"
     lines = [head]
@@ -151,15 +158,11 @@ def table(rows: list[dict[str, Any]]) -> str:
             lines.append(f"{r['label']:28} failed (exit {r.get('exit')}): {r['error']}")
             continue
 
-        def cell(key: str, spec: str) -> str:
-            value = r.get(key)
-            return "-" if value is None else format(value, spec)
-
         lines.append(
-            f"{r['label']:28} {str(r.get('backend')):9} {r['batch']:>5} {cell('step_s', '.3f'):>7} "
-            f"{cell('generation_s', '.3f'):>7} {cell('generation_tokens_per_s', '.0f'):>8} "
-            f"{cell('bound_fraction', '.1%'):>6} {cell('peak_gib', '.2f'):>8} {cell('decode_copy_gib', '.2f'):>8} "
-            f"{cell('logp_mismatch_mean', '.4f'):>8}"
+            f"{r['label']:28} {str(r.get('backend')):9} {r['batch']:>5} {_cell(r, 'step_s', '.3f'):>7} "
+            f"{_cell(r, 'generation_s', '.3f'):>7} {_cell(r, 'generation_tokens_per_s', '.0f'):>8} "
+            f"{_cell(r, 'bound_fraction', '.1%'):>6} {_cell(r, 'peak_gib', '.2f'):>8} "
+            f"{_cell(r, 'decode_copy_gib', '.2f'):>8} {_cell(r, 'logp_mismatch_mean', '.4f'):>8}"
         )
     return "\n".join(lines)
 

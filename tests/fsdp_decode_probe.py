@@ -65,9 +65,13 @@ def main(path: str, adapters: str, out: str, device: str, check: str) -> None:
         width = max(map(len, prompts))
         ids = torch.tensor([[PAD] * (width - len(p)) + p for p in prompts], device=device)
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
-        config = GenerationConfig(max_new_tokens=new, pad_token_id=PAD, eos_token_id=EOS, disable_compile=True, **sampling)
+        config = GenerationConfig(
+            max_new_tokens=new, pad_token_id=PAD, eos_token_id=EOS, disable_compile=True, **sampling
+        )
         with torch.no_grad():
-            return cut_at_eos(ref.generate(input_ids=ids, attention_mask=mask, generation_config=config)[:, width:], EOS)
+            return cut_at_eos(
+                ref.generate(input_ids=ids, attention_mask=mask, generation_config=config)[:, width:], EOS
+            )
 
     result: dict = {"sharded": all(hasattr(p, "full_tensor") for p in model.parameters())}
     if check == "sampling":
