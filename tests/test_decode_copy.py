@@ -264,3 +264,25 @@ def test_a_copy_that_cannot_be_built_falls_back_to_generate_for_good(tiny_model_
     line = capsys.readouterr().out
     assert line.count("\n") == 1 and "the decode copy could not be built" in line and "generate from here on" in line
     assert [(name, f["used"], f["step"]) for name, f in events] == [("generation_fallback", "generate", 5)]
+
+
+def test_fsdp2_runs_one_forward_before_its_first_copy(tiny_model_path: Path) -> None:
+    """FSDP2 reads which parameters train on the model's first forward; on the copy, TRL's first would be the
+    reference's under disable_adapter (adapters frozen), so the rollout makes one itself, with adapters on."""
+    from grpo_tui.train.rollouts import Rollouts
+
+    model = lora_model(tiny_model_path)
+    trainer = fake_trainer(model, fsdp=True, fsdp2=True, device="cpu")
+    seen = []
+    trainer.model_wrapped = lambda **inputs: seen.append((inputs["input_ids"].shape, torch.is_grad_enabled()))
+    rollouts = Rollouts.__new__(Rollouts)  # the copy half only: the CPU cannot capture a graph
+    rollouts.trainer, rollouts.copy, rollouts.decoder = trainer, DecodeCopy("free"), None
+    rollouts._fresh, rollouts._refresh_s = False, 0.0
+    for _ in range(2):
+        assert rollouts.decode_model() is rollouts.copy.model
+        rollouts.end_rollout()
+    assert seen == [((1, 1), False)] and rollouts.copy.builds == 2
+    trainer.is_fsdp_enabled = False  # without FSDP nothing initialises lazily: no extra forward
+    rollouts.copy = DecodeCopy("keep")
+    rollouts.decode_model()
+    assert len(seen) == 1

@@ -235,6 +235,8 @@ class Rollouts:
         copy = self.copy
         if self._fresh:
             return copy.model
+        if not copy.builds and is_fsdp2(self.trainer):
+            self._first_forward()
         try:
             if copy.model is None:
                 copy.build(self.trainer.model)
@@ -251,6 +253,17 @@ class Rollouts:
         self._refresh_s += copy.refresh_s + copy.built_s
         self._fresh = True
         return copy.model
+
+    def _first_forward(self) -> None:
+        """One one-token forward of the FSDP2 model before its first rollout on the copy. FSDP2 sets itself up
+        on the model's first forward, reading then which parameters train (the dtype its gradients are reduced
+        to). With the rollout on the copy, TRL's first forward would be the reference log-probs under peft's
+        `disable_adapter`, which turns the adapters' requires_grad off: FSDP would find nothing trainable and
+        hand bf16 gradients to the fp32 adapters at the first backward."""
+        t = self.trainer
+        ids = torch.ones((1, 1), dtype=torch.long, device=t.accelerator.device)
+        with torch.no_grad():
+            t.model_wrapped(input_ids=ids)
 
     def generate(self, prompt_ids: list[list[int]]) -> Any:
         t = self.trainer
