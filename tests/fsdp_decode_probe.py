@@ -5,7 +5,9 @@ ranks on gloo) and tests/gpu/test_decode_copy_gpu.py (1 GPU rank on NCCL).
 
 CHECK `greedy` (fp32): the graph decoder (its eager twin on the CPU) on the decode copy of the `fully_shard`ed
 model against `generate` on the unsharded one, before and after an optimizer step on the shards; `sampling`
-(bf16, CUDA): 512 sampled completions of each, their mean log-prob and lengths (benchmarks/sampling_check.py).
+(bf16, CUDA): 512 sampled completions of each, their mean log-prob and lengths (benchmarks/sampling_check.py);
+`first-forward` / `no-first-forward`: a LoRA backward after a rollout on the copy and a reference forward
+under disable_adapter, with or without the rollout's first forward (`backward_after_reference`).
 Each rank writes OUT/rank<R>.json.
 """
 
@@ -43,6 +45,10 @@ def main(path: str, adapters: str, out: str, device: str, check: str) -> None:
         model = lora_model(Path(path)) if adapters == "lora" else AutoModelForCausalLM.from_pretrained(path).eval()
         return model.to(device=device, dtype=dtype)
 
+    if check in ("first-forward", "no-first-forward"):
+        Path(out, f"rank{rank}.json").write_text(json.dumps(backward_after_reference(path, device, check)))
+        dist.barrier()
+        os._exit(0)
     model, ref = make(), make()
     base = model.get_base_model() if adapters == "lora" else model
     for layer in base.model.layers:
@@ -110,6 +116,47 @@ def main(path: str, adapters: str, out: str, device: str, check: str) -> None:
     Path(out, f"rank{rank}.json").write_text(json.dumps(result))
     dist.barrier()
     os._exit(0)  # gloo's threads intermittently abort in the interpreter's teardown on CPU
+
+
+def backward_after_reference(path: str, device: str, check: str) -> dict:
+    """As accelerate prepares LoRA under FSDP2 with bf16 mixed precision (fp32 adapters, bf16 frozen base):
+    the rollout on the copy (with or without its first forward), then TRL's order: the reference log-probs
+    under `disable_adapter`, then the loss forward and backward."""
+    from types import SimpleNamespace
+
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    from grpo_tui.train.rollouts import Rollouts
+
+    model = lora_model(Path(path)).to(device=device, dtype=torch.bfloat16)
+    for param in model.parameters():
+        if param.requires_grad:
+            param.data = param.data.float()
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    for layer in model.get_base_model().model.layers:
+        fully_shard(layer, mp_policy=policy)
+    fully_shard(model, mp_policy=policy)
+    trainer = SimpleNamespace(
+        model=model,
+        model_wrapped=model,
+        is_fsdp_enabled=True,
+        accelerator=SimpleNamespace(is_fsdp2=True, device=torch.device(device), num_processes=dist.get_world_size()),
+    )
+    rollouts = Rollouts.__new__(Rollouts)  # the copy half only
+    rollouts.trainer, rollouts.copy, rollouts.decoder = trainer, DecodeCopy("keep", torch.bfloat16), None
+    rollouts._fresh, rollouts._refresh_s = False, 0.0
+    if check == "no-first-forward":
+        rollouts._first_forward = lambda: None
+    rollouts.decode_model()
+    ids = torch.randint(5, 80, (2, 6), device=device)
+    with torch.no_grad(), model.disable_adapter():
+        model(input_ids=ids)
+    try:
+        model(input_ids=ids).logits.float().sum().backward()
+    except RuntimeError as exc:
+        return {"backward": str(exc).splitlines()[0]}
+    grads = {p.grad.dtype for p in model.parameters() if p.requires_grad}
+    return {"backward": "ok", "grad_dtypes": sorted(map(str, grads))}
 
 
 if __name__ == "__main__":

@@ -286,3 +286,16 @@ def test_fsdp2_runs_one_forward_before_its_first_copy(tiny_model_path: Path) -> 
     rollouts.copy = DecodeCopy("keep")
     rollouts.decode_model()
     assert len(seen) == 1
+
+
+@pytest.mark.slow
+def test_the_first_forward_keeps_fsdp2_backward_working_after_a_reference_forward(
+    tiny_model_path: Path, tmp_path: Path
+) -> None:
+    """Without the rollout's first forward, FSDP2 initialises under disable_adapter and the first backward fails
+    (seen on the H200 in the FSDP + LoRA preset's first step); with it the adapters get fp32 gradients."""
+    if hasattr(torch.Tensor, "grad_dtype"):  # torch versions that check a gradient's dtype on assignment
+        (failed,) = run_probe(tiny_model_path, "lora", tmp_path, "cpu", "no-first-forward", ranks=1)
+        assert "attempting to assign a gradient with dtype" in failed["backward"]
+    (ok,) = run_probe(tiny_model_path, "lora", tmp_path, "cpu", "first-forward", ranks=1)
+    assert ok == {"backward": "ok", "grad_dtypes": ["torch.float32"]}
