@@ -90,3 +90,14 @@ def test_cli_offers_exactly_the_schemas_loss_impls(capsys: pytest.CaptureFixture
     with pytest.raises(SystemExit):
         main(["control", "--help"])
     assert "--loss-impl {" + ",".join(LOSS_IMPLS) + "}" in capsys.readouterr().out
+
+
+def test_decode_copy_is_one_of_keep_free_off_in_one_line() -> None:
+    from grpo_tui.config.schema import DECODE_COPY_MODES
+
+    assert DECODE_COPY_MODES == ("keep", "free", "off")
+    assert validate_data({"grpo": {"decode_copy": "free"}}, "p.toml").grpo.decode_copy == "free"
+    with pytest.raises(PresetError) as caught:
+        validate_data({"grpo": {"decode_copy": "merge"}}, "p.toml")
+    (line,) = caught.value.lines
+    assert line.startswith("p.toml: grpo.decode_copy:") and all(m in line for m in DECODE_COPY_MODES)

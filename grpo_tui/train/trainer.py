@@ -6,8 +6,7 @@ loss.impl:
     chunked  grpo_kernels: the backbone's last hidden states (no logits ever) and the lm_head weight go to
              `fused_linear_grpo_loss` for the training loss and to `selective_logprobs` for scoring.
 
-The implementation can change between optimizer steps (`switch_loss_impl`); the one that computed a
-step is what its record's `loss_impl` says.
+The implementation can change between optimizer steps (`switch_loss_impl`); a record's `loss_impl` names its step's.
 """
 
 from __future__ import annotations
@@ -23,10 +22,10 @@ from trl.trainer.utils import nanmax, nanmin
 
 from grpo_tui.config.schema import LOSS_IMPLS
 from grpo_tui.train.decode_attention import training_attention
+from grpo_tui.train.decode_copy import peft_base
 from grpo_tui.train.loss_phase import LossPhaseMixin, loss_mask, slice_bounds
 
-# TRL features the chunked path does not implement; each is refused with the GRPOConfig field's name.
-_CHUNKED_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
+_CHUNKED_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")  # the others are refused with their GRPOConfig names
 
 
 class LossImplError(ValueError):
@@ -54,13 +53,9 @@ def add_hidden_states_forward(model: torch.nn.Module) -> None:
     model._grpo_tui_hidden_forward = True
 
 
-def _peft_base(model: torch.nn.Module) -> torch.nn.Module:
-    return model.get_base_model() if hasattr(model, "get_base_model") else model
-
-
 def lm_head_of(model: torch.nn.Module) -> torch.nn.Module:
     """The output projection of a (possibly PEFT-wrapped) causal LM; refuses a LoRA-adapted head."""
-    head = _peft_base(model).get_output_embeddings()
+    head = peft_base(model).get_output_embeddings()
     if hasattr(head, "base_layer"):  # peft's BaseTunerLayer: the plain weight would silently ignore the adapter
         raise LossImplError(
             "loss.impl: chunked reads the plain lm_head weight, but peft.target_modules adapts lm_head; "
@@ -147,7 +142,7 @@ class GrpoTuiTrainer(LossPhaseMixin, GRPOTrainer):
         cuda = self.accelerator.device.type == "cuda"
         profiler = StepProfiler.from_env(profile_dir, cuda) if profile_dir is not None else None
         self.phases = PhaseMemory(self.accelerator.device, profiler=profiler)
-        add_hidden_states_forward(_peft_base(self.model))
+        add_hidden_states_forward(peft_base(self.model))
         if self.ref_model is not None:
             add_hidden_states_forward(self.ref_model)
         self.check_loss_impl(loss_impl)
@@ -314,9 +309,8 @@ class GrpoTuiTrainer(LossPhaseMixin, GRPOTrainer):
     # ---- the loss --------------------------------------------------------------------------------
     def _compute_loss(self, model: torch.nn.Module, inputs: dict[str, Any]) -> torch.Tensor:
         if self.loss_impl != "chunked":
-            self._train_logps = None
             loss = super()._compute_loss(model, inputs)
-            self._note_decode_mismatch(inputs, self._train_logps)
+            self.rollouts.note_decode_mismatch(inputs, self._train_logps)
             return loss
         from grpo_kernels import fused_linear_grpo_loss
 
@@ -364,19 +358,8 @@ class GrpoTuiTrainer(LossPhaseMixin, GRPOTrainer):
         if self.loss_type != "dapo":
             loss = loss / accumulation
         self._log_chunked_metrics(mode, metrics, mask, advantages, old_logps)
-        self._note_decode_mismatch(inputs, metrics.logps)
+        self.rollouts.note_decode_mismatch(inputs, metrics.logps)
         return loss
-
-    def _note_decode_mismatch(self, inputs: dict[str, Any], train_logps: torch.Tensor | None) -> None:
-        """|log p_decode - log p_train| over the sampled tokens, where the decoder returned its log-probs. The
-        training side is the rollout's own weights: the old log-probs where TRL computed them, else the loss
-        forward's (TRL skips the old ones exactly when the policy has not moved since the rollout)."""
-        decoded = inputs.get("sampling_per_token_logps")
-        train = inputs.get("old_per_token_logps")
-        train = train_logps if train is None else train
-        if decoded is None or train is None or self.use_vllm:
-            return
-        self.rollouts.note_mismatch(train, decoded, loss_mask(inputs))
 
     def _log_chunked_metrics(self, mode, metrics, mask, advantages, old_logps) -> None:
         """The metrics TRL's `_compute_loss` logs, from the kernel's per-process sums."""
