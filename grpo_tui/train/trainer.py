@@ -136,7 +136,7 @@ class GrpoTuiTrainer(LossPhaseMixin, GRPOTrainer):
         self.loss_sub_batch, self.activation_offload = loss_sub_batch, activation_offload
         self.sdpa_kernels = sdpa_kernels  # model.sdpa_kernels: held for the whole step (`training_attention`)
         self.on_step_logged = on_step_logged
-        self._train_logps: torch.Tensor | None = None  # the last loss forward's log-probs (decode mismatch)
+        self.last_train_logps: torch.Tensor | None = None  # the last loss forward's log-probs (decode mismatch)
         super().__init__(*args, **kwargs)
         # $GRPO_TUI_PROFILE_STEP profiles one step into the run folder (profile_dir); None: no profiling.
         cuda = self.accelerator.device.type == "cuda"
@@ -260,7 +260,7 @@ class GrpoTuiTrainer(LossPhaseMixin, GRPOTrainer):
                 compute_aux_loss,
                 **multimodal,
             )
-            self._train_logps = out[0] if torch.is_grad_enabled() else None  # the loss forward's, for the mismatch
+            self.last_train_logps = out[0] if torch.is_grad_enabled() else None  # the loss forward's, for the mismatch
             return out
         batch_size = batch_size or input_ids.size(0)
         all_logps, all_entropies = [], []
@@ -280,7 +280,7 @@ class GrpoTuiTrainer(LossPhaseMixin, GRPOTrainer):
             all_entropies.append(entropies)
         entropies = torch.cat(all_entropies) if compute_entropy else None
         logps = torch.cat(all_logps)
-        self._train_logps = logps if torch.is_grad_enabled() else None
+        self.last_train_logps = logps if torch.is_grad_enabled() else None
         return logps, entropies, None
 
     def _hidden_states(self, model, input_ids, attention_mask, logits_to_keep: int) -> torch.Tensor:
@@ -310,7 +310,7 @@ class GrpoTuiTrainer(LossPhaseMixin, GRPOTrainer):
     def _compute_loss(self, model: torch.nn.Module, inputs: dict[str, Any]) -> torch.Tensor:
         if self.loss_impl != "chunked":
             loss = super()._compute_loss(model, inputs)
-            self.rollouts.note_decode_mismatch(inputs, self._train_logps)
+            self.rollouts.note_decode_mismatch(inputs, self.last_train_logps)
             return loss
         from grpo_kernels import fused_linear_grpo_loss
 
