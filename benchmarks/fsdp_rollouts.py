@@ -22,9 +22,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # step_times, run as a script or loaded by file
 
-from step_times import pick_steps  # noqa: E402 - after sys.path.insert
+from step_times import mean_step, peak_mib, pick_steps  # noqa: E402 - after sys.path.insert
 
 from grpo_tui.runs.metrics import (  # noqa: E402
+    COPY_REFRESH_KEY,
     DECODE_COPY_KEY,
     GENERATION_BACKEND_KEY,
     GENERATION_RATE_KEY,
@@ -64,11 +65,6 @@ def common_sets(model: str, data: str, batch: int, length: int, steps: int) -> l
     ]
 
 
-def _mean(values: list[Any]) -> float | None:
-    numbers = [v for v in values if isinstance(v, (int, float))]
-    return round(sum(numbers) / len(numbers), 4) if numbers else None
-
-
 def run_row(label: str, preset: str, sets: list[str], runs: Path, log: Path, timeout: int) -> dict[str, Any]:
     """One fresh headless run and its row (the mean of steps 2 on)."""
     fsdp, lora, extra = SPECS[label]
@@ -87,29 +83,26 @@ def run_row(label: str, preset: str, sets: list[str], runs: Path, log: Path, tim
         errors = [r.get("message") for r in records if r.get("event") in ("error", "oom")]
         row["error"] = (errors or ["no step record"])[-1]
         return row
-    peak = max(
-        max((g.get("peak_mib", 0.0) for g in (s.get("memory") or {}).get("gpus") or []), default=0.0) for s in steps
-    )
-    copy = steps[-1].get(DECODE_COPY_KEY)
-    fallbacks = [r.get("reason") for r in records if r.get("event") == "generation_fallback"]
+    merged = mean_step(steps)  # the mean of steps 2 on, the highest peak
+    peak, copy = peak_mib(merged["memory"]), steps[-1].get(DECODE_COPY_KEY)
     row.update(
-        backend=steps[-1].get(GENERATION_BACKEND_KEY),
+        backend=merged[GENERATION_BACKEND_KEY],
         batch=int(_set_value(sets, "grpo.per_device_batch_size")),
         completion_length=int(_set_value(sets, "grpo.max_completion_length")),
         steps=[s["step"] for s in steps],
-        step_s=_mean([s.get(STEP_TIME_KEY) for s in steps]),
-        generation_s=_mean([s.get(phase_time_key("generation")) for s in steps]),
-        scoring_s=_mean([s.get(phase_time_key("scoring")) for s in steps]),
-        loss_s=_mean([s.get(phase_time_key("loss")) for s in steps]),
-        generation_tokens_per_s=_mean([s.get(GENERATION_RATE_KEY) for s in steps]),
+        step_s=merged[STEP_TIME_KEY],
+        generation_s=merged[phase_time_key("generation")],
+        scoring_s=merged[phase_time_key("scoring")],
+        loss_s=merged[phase_time_key("loss")],
+        generation_tokens_per_s=merged[GENERATION_RATE_KEY],
         bound_fraction=None,
         peak_gib=round(peak / 1024, 2) if peak else None,
         decode_copy_gib=None if copy is None else round(copy / 1024, 3),
-        copy_refresh_s=_mean([s.get("generation/copy_refresh_s") for s in steps]),
-        logp_mismatch_mean=_mean([s.get(MISMATCH_MEAN_KEY) for s in steps]),
+        copy_refresh_s=merged[COPY_REFRESH_KEY],
+        logp_mismatch_mean=merged[MISMATCH_MEAN_KEY],
         logp_mismatch_max=max((s[MISMATCH_MAX_KEY] for s in steps if MISMATCH_MAX_KEY in s), default=None),
-        completion_mean_length=_mean([s.get("completions/mean_length") for s in steps]),
-        fallbacks=fallbacks,
+        completion_mean_length=merged["completions/mean_length"],
+        fallbacks=[r.get("reason") for r in records if r.get("event") == "generation_fallback"],
     )
     return row
 

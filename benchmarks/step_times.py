@@ -17,8 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from grpo_tui.runs.metrics import (
+    COPY_REFRESH_KEY,
     GENERATION_BACKEND_KEY,
     GENERATION_RATE_KEY,
+    MISMATCH_MEAN_KEY,
     PHASES,
     STEP_TIME_KEY,
     phase_time_key,
@@ -40,19 +42,22 @@ def _mean(values: list[Any]) -> float | None:
 
 
 def mean_step(steps: list[dict[str, Any]]) -> dict[str, Any]:
-    """One record standing for `steps`: their mean times and rate, the highest peak, `step` as "2-4"."""
+    """One record standing for `steps`: their mean times, rate, decode-copy refresh and decode/train mismatch, the
+    highest peak, `step` as "2-4"."""
     keys = [STEP_TIME_KEY, "step_time", GENERATION_RATE_KEY, *(phase_time_key(p) for p in PHASES)]
+    keys += [COPY_REFRESH_KEY, MISMATCH_MEAN_KEY, "completions/mean_length"]
     merged: dict[str, Any] = {key: _mean([r.get(key) for r in steps]) for key in keys}
     numbers = [r.get("step") for r in steps]
     merged["step"] = f"{numbers[0]}-{numbers[-1]}" if len(numbers) > 1 else numbers[0]
-    merged["memory"] = max((r.get("memory") or {} for r in steps), key=_peak_mib)
+    merged["memory"] = max((r.get("memory") or {} for r in steps), key=peak_mib)
     merged[GENERATION_BACKEND_KEY] = steps[-1].get(GENERATION_BACKEND_KEY)
     times = [r[STEP_TIME_KEY] for r in steps if isinstance(r.get(STEP_TIME_KEY), (int, float))]
     merged["step_s_range"] = [round(min(times), 4), round(max(times), 4)] if times else None
     return merged
 
 
-def _peak_mib(memory: dict[str, Any]) -> float:
+def peak_mib(memory: dict[str, Any]) -> float:
+    """The highest GPU peak of a step record's `memory` (0 without GPUs)."""
     return max((g.get("peak_mib", 0.0) for g in memory.get("gpus") or []), default=0.0)
 
 
@@ -74,7 +79,7 @@ def row(label: str, path: Path, skip: set[int], mean: bool = False) -> dict[str,
         trl_step_time_s=round(step["step_time"], 4) if isinstance(step.get("step_time"), float) else None,
         **({"step_s_range": step["step_s_range"]} if mean else {}),
         phases_s={phase: step.get(phase_time_key(phase)) for phase in PHASES},
-        peak_gib=round(_peak_mib(step["memory"]) / 1024, 2) if gpus else None,
+        peak_gib=round(peak_mib(step["memory"]) / 1024, 2) if gpus else None,
         backend=step.get(GENERATION_BACKEND_KEY),
         generation_tokens_per_s=step.get(GENERATION_RATE_KEY),
     )

@@ -144,7 +144,7 @@ def backward_after_reference(path: str, device: str, check: str) -> dict:
     )
     rollouts = Rollouts.__new__(Rollouts)  # the copy half only
     rollouts.trainer, rollouts.copy, rollouts.decoder = trainer, DecodeCopy("keep", torch.bfloat16), None
-    rollouts._fresh, rollouts._refresh_s = False, 0.0
+    rollouts._fresh = False
     if check == "no-first-forward":
         rollouts._first_forward = lambda: None
     rollouts.decode_model()

@@ -277,7 +277,7 @@ def test_fsdp2_runs_one_forward_before_its_first_copy(tiny_model_path: Path) -> 
     trainer.model_wrapped = lambda **inputs: seen.append((inputs["input_ids"].shape, torch.is_grad_enabled()))
     rollouts = Rollouts.__new__(Rollouts)  # the copy half only: the CPU cannot capture a graph
     rollouts.trainer, rollouts.copy, rollouts.decoder = trainer, DecodeCopy("free"), None
-    rollouts._fresh, rollouts._refresh_s = False, 0.0
+    rollouts._fresh = False
     for _ in range(2):
         assert rollouts.decode_model() is rollouts.copy.model
         rollouts.end_rollout()

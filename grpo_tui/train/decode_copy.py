@@ -134,8 +134,7 @@ class DecodeCopy:
         self.dtype = dtype  # None: the trained parameters' own dtype
         self.model: torch.nn.Module | None = None
         self.builds = 0  # times the copy was allocated (once with keep; every rollout with free)
-        self.built_s = 0.0  # the last build's wall time (0 after a rollout that reused the copy)
-        self.refresh_s = 0.0  # the last refresh's wall time (gather + merge + write)
+        self.seconds = 0.0  # wall time of every build and refresh so far (readers take differences)
         self.last_nbytes = 0  # the copy's size when it was last built (kept after a free)
 
     @staticmethod
@@ -158,7 +157,7 @@ class DecodeCopy:
         self.model = empty_plain_model(trained, device, self.dtype or source.dtype)
         self.builds += 1
         self.last_nbytes = self.nbytes
-        self.built_s = time.perf_counter() - start
+        self.seconds += time.perf_counter() - start
         return self.model
 
     def refresh(self, trained: torch.nn.Module) -> torch.nn.Module:
@@ -182,11 +181,10 @@ class DecodeCopy:
             missing = [name for name, t in targets.items() if t.data_ptr() not in filled]
             if missing:
                 raise DecodeCopyError(f"decode copy: nothing in the trained model for {', '.join(missing[:3])}")
-        self.refresh_s = time.perf_counter() - start
+        self.seconds += time.perf_counter() - start
         return self.model
 
     def after_rollout(self) -> None:
         """With `free`, drop the copy (the next rollout builds it again)."""
-        self.built_s = 0.0
         if self.mode == "free":
             self.model = None

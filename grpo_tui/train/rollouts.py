@@ -14,8 +14,7 @@ from grpo_tui.runs.failures import labelled_failure
 from grpo_tui.train.decode_copy import DecodeCopy, DecodeCopyError, merge_blockers
 from grpo_tui.train.generation import Sampling, StaticDecoder
 from grpo_tui.train.loss_phase import loss_mask
-
-MIB = 2**20
+from grpo_tui.train.phase_memory import MIB
 
 
 def choose_backend(requested: str, device_type: str, blockers: list[str]) -> tuple[str, str | None]:
@@ -135,8 +134,9 @@ class Rollouts:
 
     def _clear_stats(self) -> None:
         self.tokens = 0  # completion tokens generated since the last `take_stats`
-        self._refresh_s, self._builds_seen = 0.0, self.copy.builds if self.copy is not None else 0
-        self._mismatch = [0.0, 0, None]  # sum, count, max
+        # The copy's cumulative seconds and builds when the figures were last taken
+        self._copy_mark = (self.copy.seconds, self.copy.builds) if self.copy is not None else (0.0, 0)
+        self._mismatch_sum, self._mismatch_count, self._mismatch_max = 0.0, 0, None
 
     def _say(self, line: str) -> None:
         """One line in the run's log, from the main process only."""
@@ -201,21 +201,23 @@ class Rollouts:
         delta = (train.detach().float() - decoded.float()).abs()[loss_mask(inputs).bool()]
         if delta.numel() == 0:
             return
-        total, count, top = self._mismatch
-        worst = delta.max().item()
-        self._mismatch = [total + delta.sum().item(), count + delta.numel(), worst if top is None else max(top, worst)]
+        total, worst = torch.stack([delta.sum(), delta.max()]).tolist()  # one wait for the device
+        self._mismatch_sum += total
+        self._mismatch_count += delta.numel()
+        self._mismatch_max = worst if self._mismatch_max is None else max(self._mismatch_max, worst)
 
     def take_stats(self) -> RolloutStats:
         copy = self.copy
-        size = None if copy is None or not copy.builds else round(copy.last_nbytes / MIB, 2)
+        built = copy is not None and copy.builds > 0
+        seconds, builds = self._copy_mark
         stats = RolloutStats(
             tokens=self.tokens,
-            decode_copy_mib=size,
-            copy_refresh_s=None if copy is None or not copy.builds else round(self._refresh_s, 4),
-            copy_builds=(copy.builds - self._builds_seen) if copy is not None else 0,
-            mismatch_sum=self._mismatch[0],
-            mismatch_count=self._mismatch[1],
-            mismatch_max=self._mismatch[2],
+            decode_copy_mib=round(copy.last_nbytes / MIB, 2) if built else None,
+            copy_refresh_s=round(copy.seconds - seconds, 4) if built else None,
+            copy_builds=copy.builds - builds if copy is not None else 0,
+            mismatch_sum=self._mismatch_sum,
+            mismatch_count=self._mismatch_count,
+            mismatch_max=self._mismatch_max,
         )
         self._clear_stats()
         return stats
@@ -259,7 +261,6 @@ class Rollouts:
         except DecodeCopyError as exc:  # alike on every rank: the names and shapes are the model's
             copy.model = None
             raise DecodeCopyUnavailable(str(exc)) from exc
-        self._refresh_s += copy.refresh_s + copy.built_s
         self._fresh = True
         return copy.model
 

@@ -202,18 +202,19 @@ def phase_table(peaks: Mapping[str, Mapping[str, float | None]], switch: str | N
     if timed:
         table.add_column("time/step", justify="right")  # mean seconds and share of the step
     top = max((v.get("peak") or 0 for v in peaks.values()), default=0)
-    # A row with "part" is a share of the phase above it (the decode copy): its last MiB only
     slowest = max((v.get("time_s") or 0 for v in peaks.values()), default=0)
     for phase, v in peaks.items():
+        if v.get("part"):  # a share of the phase above it (the decode copy): its last MiB only
+            table.add_row(phase, mib(v.get("last")), *[""] * (len(table.columns) - 2))
+            continue
         style = "bold yellow" if top and v.get("peak") == top else ""
-        peak = "" if v.get("part") else mib(v.get("peak"))
-        row = [phase, mib(v.get("last")), Text(peak, style)]
+        row = [phase, mib(v.get("last")), Text(mib(v.get("peak")), style)]
         if switch:
-            row += ["", ""] if v.get("part") else [mib(v.get("before")), mib(v.get("after"))]
+            row += [mib(v.get("before")), mib(v.get("after"))]
         if timed:
             seconds, share = v.get("time_s"), v.get("share")
             style = "bold cyan" if slowest and seconds == slowest else ""
             cell = "n/a" if seconds is None else f"{seconds:.2f}s {_na(share, '{:>3.0%}')}"
-            row.append(Text("" if v.get("part") else cell, style))  # a part of a phase has no time of its own
+            row.append(Text(cell, style))
         table.add_row(*row)
     return table
