@@ -220,7 +220,8 @@ def test_fsdp2_and_lora_take_the_graph_on_a_copy_and_fsdp1_falls_back(tiny_model
     plain = AutoModelForCausalLM.from_pretrained(tiny_model_path)
     lora = lora_model(tiny_model_path)
     cases = {  # (model, fsdp, fsdp2, decode_copy) -> (backend, a copy, the log line's reason)
-        "full, no FSDP": ((plain, False, False, "keep"), ("graph", False, None)),
+        "full, no FSDP": ((plain, False, False, "keep"), ("graph", True, None)),  # the fused forward's copy
+        "full, copy off": ((plain, False, False, "off"), ("graph", False, None)),
         "LoRA, no FSDP": ((lora, False, False, "keep"), ("graph", True, None)),
         "LoRA unmerged": ((lora, False, False, "off"), ("graph", False, None)),
         "FSDP2": ((plain, True, True, "keep"), ("graph", True, None)),

@@ -20,16 +20,11 @@ from hypothesis import strategies as st
 from transformers import AutoModelForCausalLM, GenerationConfig
 
 from grpo_tui.config.schema import GENERATION_BACKENDS, PresetError, validate_data
-from grpo_tui.train import generation
-from grpo_tui.train.generation import (
-    Sampling,
-    StaticDecoder,
-    choose_tokens,
-    cut_at_eos,
-    decode_and_take,
-    seen_tokens,
-)
+from grpo_tui.train import decode_step, generation
+from grpo_tui.train.decode_step import decode_and_take
+from grpo_tui.train.generation import StaticDecoder
 from grpo_tui.train.rollouts import choose_backend
+from grpo_tui.train.sampling import Sampling, choose_tokens, cut_at_eos, seen_tokens
 
 # "1+2=", "12+34=", "7+45=", "99+9=", "3+4", "56+78=", "5+5=", "80+1=" in the tiny tokenizer: different
 # lengths, so rows are left-padded by different amounts.
@@ -178,32 +173,45 @@ def test_the_cache_is_as_long_as_the_rollout_needs(model: torch.nn.Module) -> No
     assert all(layer.keys.size(2) == width + MAX_NEW for layer in decoder.state.cache.layers)
 
 
+@pytest.mark.parametrize("forward", ["transformers", "fused"])
 @pytest.mark.parametrize("tokens, min_columns", [(1, 1), (1, 4), (9, 1)])
-def test_a_prefill_in_column_chunks_matches_generate(model: torch.nn.Module, monkeypatch, tokens, min_columns) -> None:
+def test_a_prefill_in_column_chunks_matches_generate(
+    model: torch.nn.Module, monkeypatch, tokens, min_columns, forward
+) -> None:
     # The prompt goes through in chunks of columns (bounding the prefill's transient memory); each chunk writes
     # where the last stopped, and the tokens are generate's
-    monkeypatch.setattr(generation, "PREFILL_TOKENS", tokens)
-    monkeypatch.setattr(generation, "PREFILL_MIN_COLUMNS", min_columns)
+    monkeypatch.setattr(decode_step, "PREFILL_TOKENS", tokens)
+    monkeypatch.setattr(decode_step, "PREFILL_MIN_COLUMNS", min_columns)
+    decoder = StaticDecoder(use_graph=False)
     prefills: list[list[int]] = []  # the columns of each forward, per prefill call
-    real_prefill, real_forward = generation.prefill, generation._forward
+    if forward == "fused":  # the decoder's own prefill forward (compiled on CUDA)
+        from test_decode_model import on_copy  # (it imports this module)
 
-    def recording_prefill(*args):
+        decoded = on_copy(model)[1]
+        real = decoder._prefill
         prefills.append([])
         monkeypatch.setattr(
-            generation,
-            "_forward",
-            lambda m, st, ids, *a: prefills[-1].append(ids.size(1)) or real_forward(m, st, ids, *a),
+            decoder, "_prefill", lambda m, st, ids, *a: prefills[-1].append(ids.size(1)) or real(m, st, ids, *a)
         )
-        try:
-            return real_prefill(*args)
-        finally:
-            monkeypatch.setattr(generation, "_forward", real_forward)
+    else:  # transformers' forward, through the module's prefill
+        decoded, real_prefill, real_forward = model, generation.prefill, decode_step.forward_columns
 
-    monkeypatch.setattr(generation, "prefill", recording_prefill)
-    decoder = StaticDecoder(use_graph=False)
-    got = decode(decoder, model, EOS, Sampling(greedy=True))
+        def recording_prefill(*args):
+            prefills.append([])
+            monkeypatch.setattr(
+                decode_step,
+                "forward_columns",
+                lambda m, st, ids, *a: prefills[-1].append(ids.size(1)) or real_forward(m, st, ids, *a),
+            )
+            try:
+                return real_prefill(*args)
+            finally:
+                monkeypatch.setattr(decode_step, "forward_columns", real_forward)
+
+        monkeypatch.setattr(generation, "prefill", recording_prefill)
+    got = decode(decoder, decoded, EOS, Sampling(greedy=True))
     assert got == reference(model, PROMPTS, EOS, do_sample=False)
-    width, columns = max(map(len, PROMPTS)), generation.prefill_columns(decoder.state.rows)
+    width, columns = max(map(len, PROMPTS)), decode_step.prefill_columns(decoder.state.rows)
     assert columns == max(min_columns, tokens // decoder.state.rows)
     assert prefills[-1] == [min(columns, width - start) for start in range(0, width, columns)]
 
@@ -288,7 +296,7 @@ class PastKeyValuesModel(torch.nn.Module):
 
 
 def test_the_cache_goes_under_the_name_the_model_takes(model: torch.nn.Module) -> None:
-    from grpo_tui.train.generation import cache_argument
+    from grpo_tui.train.decode_step import cache_argument
 
     older = PastKeyValuesModel(model)
     assert cache_argument(older) == "past_key_values"
@@ -301,7 +309,7 @@ def test_the_cache_goes_under_the_name_the_model_takes(model: torch.nn.Module) -
 def test_cache_argument_looks_through_peft(model: torch.nn.Module) -> None:
     from peft import LoraConfig, get_peft_model
 
-    from grpo_tui.train.generation import cache_argument
+    from grpo_tui.train.decode_step import cache_argument
 
     wrapped = get_peft_model(PastKeyValuesModel(model), LoraConfig(r=2, target_modules=["q_proj"]))
     assert cache_argument(wrapped) == "past_key_values"
@@ -390,9 +398,9 @@ def test_benchmark_smoke_on_cpu(tiny_model_path: Path, tmp_path: Path) -> None:
         "--samples",
         "8",
         "--backends",
-        "graph,generate,static,graph-plain@math",
+        "graph,generate,static,graph-plain@math,graph-hf",
         "--no-sampling",
-        "graph-plain@math",
+        "graph-plain@math,graph-hf",
         "--profile-batch",
         "8",
         "--fresh",
@@ -403,16 +411,42 @@ def test_benchmark_smoke_on_cpu(tiny_model_path: Path, tmp_path: Path) -> None:
     assert bench.main(argv) == 0
     result = json.loads((tmp_path / "generation-bench.json").read_text())
     assert all(len(r["fresh_s"]) == 2 and r["fresh_tokens_per_s"] > 0 for r in result["throughput"])
-    assert [r["backend"] for r in result["throughput"]] == ["graph", "generate", "static", "graph-plain@math"]
-    table = (tmp_path / "profile-graph-plain_at_math-8.txt").read_text()  # one per backend profiled at batch 8
+    backends = ["graph", "generate", "static", "graph-plain@math", "graph-hf"]
+    assert [r["backend"] for r in result["throughput"]] == backends
+    table = (tmp_path / "profile-graph-plain_at_math-8-4.txt").read_text()  # one per backend profiled at batch 8
     assert "one rollout, graph-plain@math, 8 x 4 tokens" in table and "aten::" in table
-    assert (tmp_path / "profile-generate-8.txt").is_file()
+    assert (tmp_path / "profile-generate-8-4.txt").is_file()
+    assert [p["backend"] for p in result["profiles"]] == backends
+    assert all(p["wall_ms"] > 0 and p["kinds"] == {} for p in result["profiles"])  # no device kernels on the CPU
     assert all("first_call_peak_mib" in r for r in result["throughput"])
     assert all(r["tokens_per_s"] > 0 and 0 < r["bound_fraction"] for r in result["throughput"])
+    assert all(0 < r["prefill_s"] < r["s"] and r["decode_tokens_per_s"] > 0 for r in result["throughput"])
+    # The trainer's graph decodes on the fused decode copy; graph-hf on the live weights, as with decode_copy = off
+    copies = {r["backend"]: r["decode_copy_mib"] for r in result["throughput"]}
+    assert copies["graph"] > 0 and copies["graph-plain@math"] > 0 and copies["graph-hf"] is None
     for check in result["sampling"]:
         assert check["completions"] == 8 and 1 <= check["length_mean"] <= 4 and check["mean_logprob"] < 0
         assert check["mean_logprob_se"] > 0 and check["length_mean_se"] >= 0
     assert [m["backend"] for m in result["sampling_match"]] == ["graph", "static"]
+
+
+def test_benchmark_sorts_kernels_by_kind() -> None:
+    """Kernel names as an H200 profile of a rollout lists them (benchmarks/results/h200-2026-12-03d/)."""
+    kind = load_benchmark("generation_bench").kernel_kind
+    names = {
+        "_split_kernel": "decode attention",
+        "_merge_kernel": "decode attention",
+        "nvjet_sm90_tst_24x64_64x16_4x2_h_bz_TNN": "GEMM",
+        "void cublasLt::splitKreduce_kernel<32, 16, int, float>": "GEMM",
+        "cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16": "prefill attention",
+        "fmha_cutlassF_bf16_aligned_64x64_rf_sm80": "prefill attention",  # sdpa's memory-efficient kernel
+        "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64": "GEMM",
+        "triton_red_fused__softmax__to_copy__unsafe_view_any_argmax_0": "sampling and log-probs",
+        "triton_per_fused__to_copy__unsafe_view_add_arange_cat_cos_1": "fused elementwise (torch.compile)",
+        "Memcpy HtoD (Pageable -> Device)": "copies and fills",
+        "void at::native::elementwise_kernel<128, 4>": "other",
+    }
+    assert {name: kind(name) for name in names} == names
 
 
 def test_benchmark_refuses_bad_batches(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
@@ -454,7 +488,7 @@ def test_benchmark_fresh_rollouts_start_over_as_the_trainer_does() -> None:
     bench = load_benchmark("generation_bench")
     backend = RecordingBackend()
     row = bench.measure(backend, [[5] * 20, [7] * 12], 4, [2], torch.device("cpu"), fresh=2)
-    assert backend.calls == ["release", 20, 20, "release", 12, "release", 4]
+    assert backend.calls == ["release", 20, 20, 20, "release", 12, "release", 4]  # first, timed, prefill alone
     assert len(row["fresh_s"]) == 2 and row["fresh_tokens_per_s"] > 0 and row["fresh_peak_mib"] is None
 
 
@@ -586,5 +620,5 @@ def test_benchmark_measures_each_batch_after_releasing_the_previous_bucket() -> 
     bench = load_benchmark("generation_bench")
     backend = RecordingBackend()
     row = bench.measure(backend, [[5, 6], [7]], 4, [2], torch.device("cpu"))
-    assert backend.calls == ["release", 2, 2]  # released before the memory baseline and both calls
+    assert backend.calls == ["release", 2, 2, 2]  # released before the memory baseline and the three calls
     assert row["tokens_per_s"] > 0 and row["peak_mib"] is None

@@ -22,6 +22,8 @@ from typing import Any
 
 import torch
 
+from grpo_tui.train.decode_model import fuse_projections, fused_blockers
+
 # peft's name parts of adapter weights (merged into the base weight, never copied themselves)
 _ADAPTER_PART = ".lora_"
 # peft wraps an adapted module's own layer under this name; the copy has the plain layer in its place
@@ -155,6 +157,8 @@ class DecodeCopy:
         source = next(peft_base(trained).parameters())
         device = source.to_local().device if hasattr(source, "to_local") else source.device
         self.model = empty_plain_model(trained, device, self.dtype or source.dtype)
+        if not fused_blockers(self.model):
+            fuse_projections(self.model)  # the graph decoder then runs its own forward on it
         self.builds += 1
         self.last_nbytes = self.nbytes
         self.seconds += time.perf_counter() - start

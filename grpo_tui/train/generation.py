@@ -5,18 +5,20 @@
               step compiled by transformers (TRL's GRPOConfig sets `disable_compile`; this backend clears it).
               Compiles again for each new batch or prompt length.
     graph     Ours: a static KV cache sized to the rollout (rows rounded up to 8, length exactly prompt width +
-              max new tokens); the token step (forward, sampling, the token written) compiled by torch.compile
-              (once per row count: the cache length is a dynamic dimension) and captured as a CUDA graph, then
-              replayed for every token. CUDA only.
+              max new tokens); the token step (forward, sampling, the token written; `decode_step`) compiled by
+              torch.compile (once per row count: the cache length is a dynamic dimension) and captured as a CUDA
+              graph, then replayed for every token. CUDA only.
     auto      graph on CUDA when nothing blocks it (20x generate at 128 x 256 on the H200), else generate.
 
 After each rollout the bucket (KV cache and graph pool) is released: capturing again costs a few decode steps per
 rollout, keeping the cache through the loss phase cost the whole step ~10 GiB of peak.
 
 The graph reads the parameters of the model it is given: a captured kernel reads a parameter's storage. On
-the live weights the optimizer updates that storage in place, so the graph follows them. Under FSDP2, and
-with LoRA, the trainer hands it the decode copy instead (`decode_copy`: full weights, adapters merged, refreshed
-in place once per rollout). DeepSpeed and FSDP1 swap the storage between forwards and fall back to generate.
+the live weights the optimizer updates that storage in place, so the graph follows them. Under FSDP2, with
+LoRA, and wherever our own forward covers the model, the trainer hands it the decode copy instead
+(`decode_copy`: full weights, adapters merged, refreshed in place once per rollout); on a copy with fused
+projections (`decode_model`) the decoder runs that forward, its prefill compiled too. DeepSpeed and FSDP1 swap
+the storage between forwards and fall back to generate.
 
 `StaticDecoder(use_graph=False)` is the eager twin: the same `prefill`/`decode_and_take` without capture. CPU tests
 hold it to `model.generate` token for token (greedy, and sampled under one seed); the graph replays what it runs.
@@ -25,7 +27,6 @@ hold it to `model.generate` token for token (greedy, and sampled under one seed)
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import torch
@@ -38,109 +39,27 @@ from grpo_tui.train.decode_attention import (
     folded_heads,
     sdpa_backend_list,
 )
-from grpo_tui.train.sampling import Sampling, choose_tokens, cut_at_eos, seen_tokens
+from grpo_tui.train.decode_model import KvCache, fused_model
+from grpo_tui.train.decode_step import (
+    DecodeState,
+    cache_argument,
+    decode_and_take,
+    forward_columns,
+    length_is_dynamic,
+    prefill,
+    take_token,
+)
+from grpo_tui.train.sampling import Sampling, cut_at_eos, seen_tokens
 
 # Rollouts pad their rows up to this multiple, so nearby batch sizes share one compiled step. The cache length
 # is not rounded: every slot is KV cache for all rows (112 KiB per row at Qwen3-0.6B's shape), and rounding it
 # up to 128 slots made the graph's rollout peak 6-10% heavier than generate's, whose cache grows to what it needs
 # (exact: 2-4% lighter in training runs on the H200, benchmarks/results/h200-2026-12-03d/).
 ROW_MULTIPLE = 8
-# Prompt tokens per prefill forward (rows x columns), at least PREFILL_MIN_COLUMNS columns. The prefill's
-# activations (~53 KiB a token on the H200) scale with it and come on top of the full static cache, where
-# generate's prefill runs beside a prompt-sized one: one forward of 16 x 128 tokens put the graph's rollout peak
-# above generate's. But each forward is ~1,700 eager kernel launches (~25 ms of host time): 1,024-token chunks
-# at 128 rows (32 forwards) made a 128 x 256 rollout 0.7 s slower, 32-column chunks (8) 0.25 s. 64 columns
-# (4 forwards for 256-token prompts) stay below the ~8 KiB a row and slot that generate's repeat_kv copies.
-PREFILL_TOKENS = 1024
-PREFILL_MIN_COLUMNS = 64
 # Decode steps between checks that every row has finished: each check waits for the GPU, so it is rare.
 FINISH_CHECK_EVERY = 8
 # Eager decode steps on a side stream before capture: lazy allocations and library autotuning happen there.
 WARMUP_STEPS = 3
-
-
-@dataclass
-class DecodeState:
-    """The static tensors one bucket's decode step reads and writes; their storage never moves."""
-
-    cache: Any  # transformers StaticCache, max_cache_len = length
-    tokens: torch.Tensor  # [R, 1] the token each row feeds next
-    positions: torch.Tensor  # [R, 1] its rotary position
-    cache_index: torch.Tensor  # [] the cache slot the step writes (the same for every row: prompts are left-padded)
-    key_valid: torch.Tensor  # [R, L] False on prompt padding
-    key_index: torch.Tensor  # [L] 0..L-1
-    additive_mask: bool  # eager attention adds the mask; sdpa takes it as bool
-    cache_argument: str  # the forward's keyword for the cache (see `cache_argument`)
-    # The token choice, captured with the forward: what it samples with and where it writes.
-    sampling: Sampling
-    pad_id: int
-    eos: torch.Tensor  # [E] the ids that end a row
-    out: torch.Tensor  # [R, L] the tokens chosen so far (pad once a row finished)
-    finished: torch.Tensor  # [R] rows past their EOS (and the bucket's filler rows)
-    step: torch.Tensor  # [1] the column of `out` the next token goes to
-    logps: torch.Tensor  # [R, L] fp32 log-prob of each chosen token under the decode weights (0 after a row ends)
-    seen: torch.Tensor | None = None  # [R, V + 1] `seen_tokens` of prompt and output, for the repetition penalty
-
-    @property
-    def rows(self) -> int:
-        return self.tokens.size(0)
-
-    @property
-    def length(self) -> int:
-        return self.key_index.numel()
-
-
-def _attention_mask(state: DecodeState, allowed: torch.Tensor, dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    # A prepared mask mapping skips transformers' own mask building (host logic a graph cannot replay).
-    if state.additive_mask:
-        allowed = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(
-            ~allowed, torch.finfo(dtype).min
-        )
-    return {"full_attention": allowed}
-
-
-def cache_argument(model: Any) -> str:
-    """The name the model's forward takes its KV cache under: `cache` from transformers ~5.2x on,
-    `past_key_values` before (5.17 on the GPU image). An unknown name is swallowed by `**kwargs` and the
-    model silently builds a fresh one-token cache each call, so this is read from the base model's signature.
-    """
-    import inspect
-
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # PEFT's forward is **kwargs
-    names = inspect.signature(type(base).forward).parameters
-    return "cache" if "cache" in names else "past_key_values"
-
-
-def _forward(model: Any, state: DecodeState, ids: torch.Tensor, positions: torch.Tensor, mask: dict) -> torch.Tensor:
-    cache = {state.cache_argument: state.cache}
-    out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1, **cache)
-    return out.logits[:, -1].float()  # [R, V], as generate scores in fp32
-
-
-def prefill_columns(rows: int) -> int:
-    """Prompt columns per prefill forward for `rows` rows (see PREFILL_TOKENS)."""
-    return max(PREFILL_MIN_COLUMNS, PREFILL_TOKENS // max(rows, 1))
-
-
-def prefill(model: Any, state: DecodeState, ids: torch.Tensor, mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Write the left-padded prompts ids/mask [R, P] into the reset cache, `prefill_columns` columns per forward
-    (the cache advances its write position by each forward's width); the logits [R, V] after the prompts."""
-    width = ids.size(1)
-    state.key_valid.fill_(True)
-    state.key_valid[:, :width] = mask
-    positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
-    step = prefill_columns(ids.size(0))
-    for start in range(0, width, step):
-        query = torch.arange(start, min(start + step, width), device=ids.device)[:, None]  # [c, 1]
-        causal = state.key_index[None, :] <= query  # [c, L]
-        # A padding query sees itself, so no row is fully masked (sdpa would return NaN into the cache).
-        allowed = (causal & state.key_valid[:, None, :]) | (state.key_index[None, :] == query)  # [R, c, L]
-        columns = slice(start, start + step)
-        mask_map = _attention_mask(state, allowed[:, None], dtype)
-        logits = _forward(model, state, ids[:, columns], positions[:, columns], mask_map)
-    state.positions.copy_(positions[:, -1:] + 1)
-    state.cache_index.fill_(width)
-    return logits
 
 
 class Completions(NamedTuple):
@@ -148,58 +67,6 @@ class Completions(NamedTuple):
 
     ids: list[list[int]]
     logprobs: list[list[float]]
-
-
-def token_logps(logits: torch.Tensor, token: torch.Tensor, temperature: float) -> torch.Tensor:
-    """log softmax(logits / temperature) at `token` per row [R]: what the training forward scores the token with
-    (TRL divides by the temperature and applies no other warper), so the two are comparable."""
-    scaled = logits / temperature if temperature != 1.0 else logits
-    return scaled.gather(1, token[:, None])[:, 0] - torch.logsumexp(scaled, -1)
-
-
-def take_token(state: DecodeState, logits: torch.Tensor) -> None:
-    """Choose each row's next token from `logits` [R, V], write it to `out` and `tokens` (its log-prob to `logps`),
-    and mark rows that ended."""
-    token = choose_tokens(logits, state.sampling, state.seen)
-    token = torch.where(state.finished, state.pad_id, token)  # finished rows emit pad
-    logp = token_logps(logits, token, state.sampling.temperature).masked_fill(state.finished, 0.0)
-    state.out.index_copy_(1, state.step, token[:, None])
-    state.logps.index_copy_(1, state.step, logp[:, None])
-    state.finished |= (token[:, None] == state.eos).any(-1)
-    if state.seen is not None:
-        state.seen.scatter_(1, token[:, None], True)
-    state.step.add_(1)
-    state.tokens.copy_(token[:, None])
-
-
-def decode_and_take(model: Any, state: DecodeState, dtype: torch.dtype) -> None:
-    """The step the graph captures: the forward of every row's last token, then the choice of the next."""
-    take_token(state, decode_step(model, state, dtype))
-
-
-def decode_step(model: Any, state: DecodeState, dtype: torch.dtype) -> torch.Tensor:
-    """One token for every row: feeds `state.tokens`, returns the next logits [R, V]."""
-    allowed = state.key_valid & (state.key_index <= state.cache_index)  # [R, L]
-    logits = _forward(
-        model, state, state.tokens, state.positions, _attention_mask(state, allowed[:, None, None], dtype)
-    )
-    state.positions.add_(1)
-    state.cache_index.add_(1)
-    return logits
-
-
-def length_is_dynamic(state: DecodeState) -> None:
-    """Mark the cache-length dimension of the step's tensors dynamic for torch.compile: one compiled step then
-    serves every cache length (each new exact length would otherwise compile again, ~35 s on the H200)."""
-    mark = torch._dynamo.maybe_mark_dynamic
-    mark(state.key_valid, 1)
-    mark(state.key_index, 0)
-    mark(state.out, 1)
-    mark(state.logps, 1)
-    for layer in getattr(state.cache, "layers", ()):  # transformers' StaticLayer: keys/values [R, H, L, D]
-        for name in ("keys", "values"):
-            if isinstance(getattr(layer, name, None), torch.Tensor):
-                mark(getattr(layer, name), 2)
 
 
 def _round_up(value: int, multiple: int) -> int:
@@ -234,6 +101,10 @@ class StaticDecoder:
         # tokens/s of the plain graph on the H200, for ~35 s of compiling per row count and process.
         self.compiled = compiled
         self._take = torch.compile(decode_and_take, dynamic=False) if compiled else decode_and_take
+        # The prefill's forward on a fused decode copy, compiled too: eager, its unfused norms, rotary and
+        # activations over every prompt token took a fifth of a 128 x 256 rollout (H100). transformers' forward
+        # keeps its eager prefill (its cache and masks are not written for a compiler).
+        self._prefill = torch.compile(forward_columns, dynamic=False) if compiled else forward_columns
         self._on_compile_failure, self._on_kernel_failure = on_compile_failure, on_kernel_failure
         self._on_compile_start = on_compile_start  # (rows, length): a row count compiled for the first time
         self._compiled_shapes: set[tuple] = set()
@@ -293,7 +164,7 @@ class StaticDecoder:
         state.finished.copy_(torch.arange(state.rows, device=device) >= count)
         if state.seen is not None:
             state.seen.copy_(seen_tokens(ids.masked_fill(~mask, -1), state.seen.size(1) - 1))
-        take_token(state, prefill(model, state, ids, mask, self._dtype))
+        take_token(state, self._prefill_prompts(model, ids, mask))
         steps = max_new_tokens
         for taken in range(1, max_new_tokens + 1):
             if taken == max_new_tokens or (taken % FINISH_CHECK_EVERY == 0 and bool(state.finished.all())):
@@ -303,6 +174,23 @@ class StaticDecoder:
         ids = cut_at_eos(state.out[:count, :steps].cpu(), eos_ids)
         logps = state.logps[:count, :steps].cpu().tolist()
         return Completions(ids, [row[: len(completion)] for row, completion in zip(logps, ids)])
+
+    def _prefill_prompts(self, model: Any, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """The prefill, compiled on a fused copy; if compiling fails, eager from then on, after a one-line reason
+        to `on_compile_failure` (out of memory is raised)."""
+        state = self.state
+        if state.fused is None or self._prefill is forward_columns:
+            return prefill(model, state, ids, mask, self._dtype)
+        try:
+            return prefill(model, state, ids, mask, self._dtype, self._prefill)
+        except Exception as exc:
+            if isinstance(exc, torch.OutOfMemoryError):
+                raise
+            self._prefill = forward_columns
+            if self._on_compile_failure is not None:
+                self._on_compile_failure(labelled_failure("torch.compile failed for the prefill", exc))
+            state.cache.reset()
+            return prefill(model, state, ids, mask, self._dtype)
 
     def _step(self, model: Any) -> None:
         if self._graph is None:
@@ -328,8 +216,13 @@ class StaticDecoder:
         rows, length = _round_up(rows, ROW_MULTIPLE), max(length, WARMUP_STEPS + 2)
         config = model.config
         self._dtype = next(model.parameters()).dtype
+        fused = fused_model(model)
         self.state = state = DecodeState(
-            cache=StaticCache(config=config, max_cache_len=length),
+            cache=(
+                StaticCache(config=config, max_cache_len=length)
+                if fused is None
+                else KvCache.allocate(fused, rows, length, device)
+            ),
             tokens=torch.zeros((rows, 1), dtype=torch.long, device=device),
             positions=torch.zeros((rows, 1), dtype=torch.long, device=device),
             cache_index=torch.zeros((), dtype=torch.long, device=device),
@@ -344,13 +237,17 @@ class StaticDecoder:
             finished=torch.zeros(rows, dtype=torch.bool, device=device),
             step=torch.zeros(1, dtype=torch.long, device=device),
             logps=torch.zeros((rows, length), dtype=torch.float32, device=device),
+            fused=fused,
         )
         self._model_id, self._recipe = id(model), recipe
-        # StaticCache allocates its layers on the first write: a one-token prefill does it before any capture.
-        one = torch.ones((rows, 1), dtype=torch.bool, device=device)
-        logits = prefill(model, state, state.tokens, one, self._dtype)
+        if fused is None:
+            # StaticCache allocates its layers on the first write: a one-token prefill does it before any capture.
+            one = torch.ones((rows, 1), dtype=torch.bool, device=device)
+            vocab = prefill(model, state, state.tokens, one, self._dtype).size(-1)
+        else:
+            vocab = fused.lm_head.size(0)
         if sampling.repetition_penalty != 1.0:
-            state.seen = torch.zeros((rows, logits.size(-1) + 1), dtype=torch.bool, device=device)
+            state.seen = torch.zeros((rows, vocab + 1), dtype=torch.bool, device=device)
         if self.compiled:
             length_is_dynamic(state)
         if self.use_graph:

@@ -56,9 +56,10 @@ class StepProfiler:
 
 
 @contextmanager
-def profiled(path: Path, cuda: bool, title: str) -> Iterator[None]:
+def profiled(path: Path, cuda: bool, title: str) -> Iterator[Any]:
     """torch.profiler (CPU, and CUDA when `cuda`) and Python's gc pauses over the block; on leaving it, the
-    operator tables go to `path` (`write_profile_tables`)."""
+    operator tables go to `path` (`write_profile_tables`). Yields the profiler, whose events the caller may
+    read once the block is left."""
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
@@ -66,7 +67,7 @@ def profiled(path: Path, cuda: bool, title: str) -> Iterator[None]:
     with profile(activities=activities) as prof:
         pauses.start()
         try:
-            yield
+            yield prof
         finally:
             pauses.stop()
     write_profile_tables(prof, path, cuda, title, pauses.summary())

@@ -12,6 +12,7 @@ import torch
 from grpo_tui.config.schema import GENERATION_BACKENDS
 from grpo_tui.runs.failures import labelled_failure
 from grpo_tui.train.decode_copy import DecodeCopy, DecodeCopyError, merge_blockers
+from grpo_tui.train.decode_model import fused_blockers
 from grpo_tui.train.generation import Sampling, StaticDecoder
 from grpo_tui.train.loss_phase import loss_mask
 from grpo_tui.train.phase_memory import MIB
@@ -41,11 +42,13 @@ def is_peft(model: Any) -> bool:
 
 
 def wants_copy(trainer: Any, mode: str) -> bool:
-    """Whether the graph decodes on a decode copy: under FSDP2 (the only way it can) and with LoRA (merged
-    adapters decode as fast as the plain model), unless `grpo.decode_copy = off` or the adapters cannot merge."""
-    if mode == "off" or not (is_fsdp2(trainer) or is_peft(trainer.model)):
+    """Whether the graph decodes on a decode copy: under FSDP2 (the only way it can), with LoRA (merged adapters
+    decode as fast as the plain model) and wherever the fused forward covers the model (`decode_model`: four
+    GEMMs a layer instead of seven), unless `grpo.decode_copy = off` or the adapters cannot merge."""
+    model = trainer.model
+    if mode == "off" or not (is_fsdp2(trainer) or is_peft(model) or not fused_blockers(model)):
         return False
-    return not merge_blockers(trainer.model)
+    return not merge_blockers(model)
 
 
 def graph_blockers(trainer: Any, copy_mode: str = "keep") -> list[str]:

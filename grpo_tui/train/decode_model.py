@@ -1,0 +1,234 @@
+"""The graph decoder's own forward on the decode copy: Llama-family layers with q/k/v and gate/up fused.
+
+A decode step at 128 rows runs each projection as its own small GEMM, and on the H200 each of those takes ~5 us
+whatever its size (4-6 MB of weights, far from the memory bandwidth): seven per layer, a quarter of the step.
+The decode copy is ours, so its q/k/v weights become views of one tensor per layer and gate/up of another
+(`fuse_projections`); every other consumer of the copy (the refresh, transformers' forward) sees the same
+parameters as before. `forward` then runs four GEMMs per layer, with its own KV cache and none of transformers'
+per-call mask and cache bookkeeping, which a captured step would replay every token.
+
+It covers the model types whose decoder layer is exactly this computation (`FUSED_MODEL_TYPES`: pre-norm RMSNorm
+layers, optional q/k norms per head, rotary positions with fixed frequencies, a SiLU-gated MLP, biases where
+the linear layers have them); `fused_blockers` says why another model keeps transformers' forward. The
+arithmetic follows transformers' modules step for step (RMSNorm in fp32, rotary cos/sin in the model's dtype),
+so in fp32 greedy decoding is token for token what `generate` gives (tests/test_decode_model.py).
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from grpo_tui.train.decode_attention import folded_attention
+
+# Model types whose decoder layers `forward` reproduces (checked against transformers' modeling code)
+FUSED_MODEL_TYPES = frozenset({"qwen3", "qwen2", "llama"})
+# Rotary types whose frequencies are fixed at load time (dynamic and longrope change them with the length)
+STATIC_ROPE_TYPES = frozenset({"default", "linear", "llama3", "yarn"})
+
+# The fused view of each copy that has one, by the copy (the copy's life decides the view's)
+_FUSED: weakref.WeakKeyDictionary[torch.nn.Module, FusedModel] = weakref.WeakKeyDictionary()
+
+
+@dataclass(frozen=True)
+class FusedLayer:
+    """One decoder layer's tensors; qkv and gate_up are the fused storage the copy's projections are views of."""
+
+    input_norm: torch.Tensor  # [H]
+    qkv: torch.Tensor  # [(Hq + 2 Hkv) D, H]
+    qkv_bias: torch.Tensor | None
+    q_norm: torch.Tensor | None  # [D] (Qwen3)
+    k_norm: torch.Tensor | None
+    o: torch.Tensor  # [H, Hq D]
+    o_bias: torch.Tensor | None
+    post_norm: torch.Tensor  # [H]
+    gate_up: torch.Tensor  # [2 I, H]
+    gate_up_bias: torch.Tensor | None
+    down: torch.Tensor  # [H, I]
+    down_bias: torch.Tensor | None
+
+
+@dataclass(frozen=True)
+class FusedModel:
+    """What `forward` reads: the copy's tensors (never moved, refreshed in place) and the shapes."""
+
+    layers: tuple[FusedLayer, ...]
+    embed: torch.Tensor  # [V, H]
+    norm: torch.Tensor  # [H]
+    lm_head: torch.Tensor  # [V, H] (the embedding itself when tied)
+    inv_freq: torch.Tensor  # [D / 2] fp32 rotary frequencies
+    rope_scaling: float  # transformers' attention_scaling (1.0 but for yarn-like types)
+    heads: int
+    kv_heads: int
+    head_dim: int
+    eps: float
+    scaling: float  # the attention's score scale
+
+
+@dataclass
+class KvCache:
+    """Keys and values per layer, [R, H_kv, L, D] each, allocated once per decoder bucket."""
+
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+
+    @classmethod
+    def allocate(cls, model: FusedModel, rows: int, length: int, device: torch.device) -> KvCache:
+        shape = (rows, model.kv_heads, length, model.head_dim)
+        dtype = model.embed.dtype
+        make = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(2 * len(model.layers))]
+        return cls(make[0::2], make[1::2])
+
+    def reset(self) -> None:
+        # Slots a rollout never writes are masked, but sdpa's prefill still multiplies them: keep them finite
+        for tensor in (*self.keys, *self.values):
+            tensor.zero_()
+
+    def mark_dynamic_length(self) -> None:
+        for tensor in (*self.keys, *self.values):
+            torch._dynamo.maybe_mark_dynamic(tensor, 2)
+
+
+def _inner(model: torch.nn.Module) -> Any:
+    return model.get_base_model().model if hasattr(model, "get_base_model") else model.model
+
+
+def fused_blockers(model: torch.nn.Module) -> list[str]:
+    """Why `forward` cannot decode this model (empty: it can)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    config = base.config
+    if config.model_type not in FUSED_MODEL_TYPES:
+        return [f"model type {config.model_type} (fused decoding covers {', '.join(sorted(FUSED_MODEL_TYPES))})"]
+    reasons = []
+    if getattr(config, "hidden_act", "silu") != "silu":
+        reasons.append(f"hidden_act {config.hidden_act}")
+    rope = getattr(getattr(_inner(base), "rotary_emb", None), "rope_type", None)
+    if rope not in STATIC_ROPE_TYPES:
+        reasons.append(f"rotary type {rope}")
+    if getattr(config, "pretraining_tp", 1) != 1:
+        reasons.append("pretraining_tp > 1")
+    return reasons
+
+
+def _fuse(linears: list[torch.nn.Module]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One tensor holding the linears' weights one after the other (biases likewise); each linear's weight
+    (and bias) becomes a view of it, with the values it had."""
+    fused = []
+    for attribute in ("weight", "bias"):
+        parts = [getattr(linear, attribute) for linear in linears]
+        if any(part is None for part in parts):
+            fused.append(None)
+            continue
+        whole = torch.cat([part.detach() for part in parts])
+        for linear, view in zip(linears, whole.split([part.shape[0] for part in parts])):
+            setattr(linear, attribute, torch.nn.Parameter(view, requires_grad=False))
+        fused.append(whole)
+    return fused[0], fused[1]
+
+
+def fuse_projections(plain: torch.nn.Module) -> FusedModel:
+    """Give the plain copy `plain` fused q/k/v and gate/up storage (its projections become views of it) and
+    register the view `forward` decodes with (`fused_model`)."""
+    inner = _inner(plain)
+    layers = []
+    for layer in inner.layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        qkv, qkv_bias = _fuse([attn.q_proj, attn.k_proj, attn.v_proj])
+        gate_up, gate_up_bias = _fuse([mlp.gate_proj, mlp.up_proj])
+        q_norm, k_norm = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)
+        layers.append(
+            FusedLayer(
+                input_norm=layer.input_layernorm.weight,
+                qkv=qkv,
+                qkv_bias=qkv_bias,
+                q_norm=None if q_norm is None else q_norm.weight,
+                k_norm=None if k_norm is None else k_norm.weight,
+                o=attn.o_proj.weight,
+                o_bias=attn.o_proj.bias,
+                post_norm=layer.post_attention_layernorm.weight,
+                gate_up=gate_up,
+                gate_up_bias=gate_up_bias,
+                down=mlp.down_proj.weight,
+                down_bias=mlp.down_proj.bias,
+            )
+        )
+    config, first = plain.config, inner.layers[0]
+    fused = FusedModel(
+        layers=tuple(layers),
+        embed=inner.embed_tokens.weight,
+        norm=inner.norm.weight,
+        lm_head=plain.lm_head.weight,
+        inv_freq=inner.rotary_emb.inv_freq,
+        rope_scaling=float(inner.rotary_emb.attention_scaling),
+        heads=config.num_attention_heads,
+        kv_heads=config.num_key_value_heads,
+        head_dim=first.self_attn.head_dim,
+        eps=first.input_layernorm.variance_epsilon,
+        scaling=first.self_attn.scaling,
+    )
+    _FUSED[plain] = fused
+    return fused
+
+
+def fused_model(model: Any) -> FusedModel | None:
+    """The fused view registered for `model` (a decode copy), or None: decode it with transformers' forward."""
+    try:
+        return _FUSED.get(model)
+    except TypeError:  # not weakly referenceable: no copy of ours
+        return None
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    # transformers' RMSNorm: statistics in fp32, scaled back in the input's dtype
+    dtype = x.dtype
+    x32 = x.float()
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x32.to(dtype)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    first, second = x.chunk(2, -1)
+    return torch.cat((-second, first), -1)
+
+
+def forward(
+    model: FusedModel,
+    cache: KvCache,
+    ids: torch.Tensor,
+    positions: torch.Tensor,
+    allowed: torch.Tensor,
+    slots: torch.Tensor,
+) -> torch.Tensor:
+    """Feed ids [R, c] at rotary positions [R, c], writing their keys/values to cache slots [c], each query
+    attending to the cache slots allowed [R, c, L] (bool) allows; the fp32 logits [R, V] after the last column."""
+    rows, columns = ids.shape
+    dim, dtype = model.head_dim, model.embed.dtype
+    sizes = (model.heads * dim, model.kv_heads * dim, model.kv_heads * dim)
+    freqs = positions[..., None].float() * model.inv_freq.float()  # [R, c, D/2]
+    angles = torch.cat((freqs, freqs), -1)
+    cos = (angles.cos() * model.rope_scaling).to(dtype)[:, None]  # [R, 1, c, D]
+    sin = (angles.sin() * model.rope_scaling).to(dtype)[:, None]
+    mask = allowed[:, None]  # [R, 1, c, L]
+    hidden = F.embedding(ids, model.embed)  # [R, c, H]
+    for index, layer in enumerate(model.layers):
+        x = _rms_norm(hidden, layer.input_norm, model.eps)
+        q, k, v = F.linear(x, layer.qkv, layer.qkv_bias).split(sizes, -1)
+        q, k, v = (t.view(rows, columns, -1, dim) for t in (q, k, v))
+        if layer.q_norm is not None:
+            q, k = _rms_norm(q, layer.q_norm, model.eps), _rms_norm(k, layer.k_norm, model.eps)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [R, heads, c, D]
+        q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+        keys, values = cache.keys[index], cache.values[index]
+        keys.index_copy_(2, slots, k)
+        values.index_copy_(2, slots, v)
+        out, _ = folded_attention(None, q, keys, values, mask, scaling=model.scaling)  # [R, c, Hq, D]
+        hidden = hidden + F.linear(out.reshape(rows, columns, -1), layer.o, layer.o_bias)
+        x = _rms_norm(hidden, layer.post_norm, model.eps)
+        gate, up = F.linear(x, layer.gate_up, layer.gate_up_bias).chunk(2, -1)
+        hidden = hidden + F.linear(F.silu(gate) * up, layer.down, layer.down_bias)
+    last = _rms_norm(hidden[:, -1], model.norm, model.eps)
+    return F.linear(last, model.lm_head).float()

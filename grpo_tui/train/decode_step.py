@@ -1,0 +1,184 @@
+"""The graph decoder's token step: the static tensors a bucket decodes with, the prefill, and the step a CUDA
+graph captures (the forward of each row's last token, the token's choice, its writing). `StaticDecoder`
+(generation.py) runs them; the forward is transformers' (a StaticCache, a prepared mask) or, on a fused decode
+copy, `decode_model.forward` with its own cache.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from grpo_tui.train.decode_model import FusedModel, KvCache
+from grpo_tui.train.decode_model import forward as fused_forward
+from grpo_tui.train.sampling import Sampling, choose_tokens, token_logps
+
+# Prompt tokens per prefill forward (rows x columns), at least PREFILL_MIN_COLUMNS columns. The prefill's
+# activations (~53 KiB a token on the H200) scale with it and come on top of the full static cache, where
+# generate's prefill runs beside a prompt-sized one: one forward of 16 x 128 tokens put the graph's rollout peak
+# above generate's. But each forward is ~1,700 eager kernel launches (~25 ms of host time): 1,024-token chunks
+# at 128 rows (32 forwards) made a 128 x 256 rollout 0.7 s slower, 32-column chunks (8) 0.25 s. 64 columns
+# (4 forwards for 256-token prompts) stay below the ~8 KiB a row and slot that generate's repeat_kv copies.
+PREFILL_TOKENS = 1024
+PREFILL_MIN_COLUMNS = 64
+
+
+@dataclass
+class DecodeState:
+    """The static tensors one bucket's decode step reads and writes; their storage never moves."""
+
+    cache: Any  # transformers StaticCache (max_cache_len = length), or the fused forward's KvCache
+    tokens: torch.Tensor  # [R, 1] the token each row feeds next
+    positions: torch.Tensor  # [R, 1] its rotary position
+    cache_index: torch.Tensor  # [] the cache slot the step writes (the same for every row: prompts are left-padded)
+    key_valid: torch.Tensor  # [R, L] False on prompt padding
+    key_index: torch.Tensor  # [L] 0..L-1
+    additive_mask: bool  # eager attention adds the mask; sdpa takes it as bool
+    cache_argument: str  # the forward's keyword for the cache (see `cache_argument`)
+    # The token choice, captured with the forward: what it samples with and where it writes.
+    sampling: Sampling
+    pad_id: int
+    eos: torch.Tensor  # [E] the ids that end a row
+    out: torch.Tensor  # [R, L] the tokens chosen so far (pad once a row finished)
+    finished: torch.Tensor  # [R] rows past their EOS (and the bucket's filler rows)
+    step: torch.Tensor  # [1] the column of `out` the next token goes to
+    logps: torch.Tensor  # [R, L] fp32 log-prob of each chosen token under the decode weights (0 after a row ends)
+    seen: torch.Tensor | None = None  # [R, V + 1] `seen_tokens` of prompt and output, for the repetition penalty
+    fused: FusedModel | None = None  # the decode copy's fused view: decode with `decode_model.forward`
+
+    @property
+    def rows(self) -> int:
+        return self.tokens.size(0)
+
+    @property
+    def length(self) -> int:
+        return self.key_index.numel()
+
+
+def _attention_mask(state: DecodeState, allowed: torch.Tensor, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    # A prepared mask mapping skips transformers' own mask building (host logic a graph cannot replay).
+    if state.additive_mask:
+        allowed = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(
+            ~allowed, torch.finfo(dtype).min
+        )
+    return {"full_attention": allowed}
+
+
+def cache_argument(model: Any) -> str:
+    """The name the model's forward takes its KV cache under: `cache` from transformers ~5.2x on,
+    `past_key_values` before (5.17 on the GPU image). An unknown name is swallowed by `**kwargs` and the
+    model silently builds a fresh one-token cache each call, so this is read from the base model's signature.
+    """
+    import inspect
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # PEFT's forward is **kwargs
+    names = inspect.signature(type(base).forward).parameters
+    return "cache" if "cache" in names else "past_key_values"
+
+
+def forward_columns(
+    model: Any,
+    state: DecodeState,
+    ids: torch.Tensor,
+    positions: torch.Tensor,
+    allowed: torch.Tensor,
+    slots: torch.Tensor,
+    dtype: torch.dtype,
+) -> torch.Tensor:
+    """Feed ids [R, c] at rotary positions [R, c] (their keys and values go to cache slots [c]; each query sees
+    the slots allowed [R, c, L] allows); the fp32 logits [R, V] after the last column, as generate scores them."""
+    if state.fused is not None:
+        return fused_forward(state.fused, state.cache, ids, positions, allowed, slots)
+    # transformers' StaticCache advances its own write position by each forward's width
+    cache = {state.cache_argument: state.cache}
+    mask = _attention_mask(state, allowed[:, None], dtype)
+    out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1, **cache)
+    return out.logits[:, -1].float()
+
+
+def prefill_columns(rows: int) -> int:
+    """Prompt columns per prefill forward for `rows` rows (see PREFILL_TOKENS)."""
+    return max(PREFILL_MIN_COLUMNS, PREFILL_TOKENS // max(rows, 1))
+
+
+def prefill(
+    model: Any,
+    state: DecodeState,
+    ids: torch.Tensor,
+    mask: torch.Tensor,
+    dtype: torch.dtype,
+    forward: Callable[..., torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """Write the left-padded prompts ids/mask [R, P] into the reset cache, `prefill_columns` columns per call of
+    `forward` (default `forward_columns`; or it compiled: the chunk's width and the cache length are dynamic
+    dimensions, so one compiled graph serves every rollout); the logits [R, V] after the prompts."""
+    forward = forward or forward_columns
+    width = ids.size(1)
+    state.key_valid.fill_(True)
+    state.key_valid[:, :width] = mask
+    positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
+    step = prefill_columns(ids.size(0))
+    for start in range(0, width, step):
+        query = torch.arange(start, min(start + step, width), device=ids.device)[:, None]  # [c, 1]
+        causal = state.key_index[None, :] <= query  # [c, L]
+        # A padding query sees itself, so no row is fully masked (sdpa would return NaN into the cache).
+        allowed = (causal & state.key_valid[:, None, :]) | (state.key_index[None, :] == query)  # [R, c, L]
+        columns = slice(start, start + step)
+        inputs = (ids[:, columns], positions[:, columns], allowed, query[:, 0])
+        # The chunk's columns and the cache's slots vary from rollout to rollout; the rows are the bucket's
+        for tensor, dims in zip(inputs, ((1,), (1,), (1, 2), (0,))):
+            for dim in dims:
+                torch._dynamo.maybe_mark_dynamic(tensor, dim)
+        logits = forward(model, state, *inputs, dtype)
+    state.positions.copy_(positions[:, -1:] + 1)
+    state.cache_index.fill_(width)
+    return logits
+
+
+def take_token(state: DecodeState, logits: torch.Tensor) -> None:
+    """Choose each row's next token from `logits` [R, V], write it to `out` and `tokens` (its log-prob to `logps`),
+    and mark rows that ended."""
+    token = choose_tokens(logits, state.sampling, state.seen)
+    token = torch.where(state.finished, state.pad_id, token)  # finished rows emit pad
+    logp = token_logps(logits, token, state.sampling.temperature).masked_fill(state.finished, 0.0)
+    state.out.index_copy_(1, state.step, token[:, None])
+    state.logps.index_copy_(1, state.step, logp[:, None])
+    state.finished |= (token[:, None] == state.eos).any(-1)
+    if state.seen is not None:
+        state.seen.scatter_(1, token[:, None], True)
+    state.step.add_(1)
+    state.tokens.copy_(token[:, None])
+
+
+def decode_and_take(model: Any, state: DecodeState, dtype: torch.dtype) -> None:
+    """The step the graph captures: the forward of every row's last token, then the choice of the next."""
+    take_token(state, decode_step(model, state, dtype))
+
+
+def decode_step(model: Any, state: DecodeState, dtype: torch.dtype) -> torch.Tensor:
+    """One token for every row: feeds `state.tokens`, returns the next logits [R, V]."""
+    allowed = state.key_valid & (state.key_index <= state.cache_index)  # [R, L]
+    slot = state.cache_index.view(1)
+    logits = forward_columns(model, state, state.tokens, state.positions, allowed[:, None], slot, dtype)
+    state.positions.add_(1)
+    state.cache_index.add_(1)
+    return logits
+
+
+def length_is_dynamic(state: DecodeState) -> None:
+    """Mark the cache-length dimension of the step's tensors dynamic for torch.compile: one compiled step then
+    serves every cache length (each new exact length would otherwise compile again, ~35 s on the H200)."""
+    mark = torch._dynamo.maybe_mark_dynamic
+    mark(state.key_valid, 1)
+    mark(state.key_index, 0)
+    mark(state.out, 1)
+    mark(state.logps, 1)
+    if isinstance(state.cache, KvCache):
+        state.cache.mark_dynamic_length()
+    for layer in getattr(state.cache, "layers", ()):  # transformers' StaticLayer: keys/values [R, H, L, D]
+        for name in ("keys", "values"):
+            if isinstance(getattr(layer, name, None), torch.Tensor):
+                mark(getattr(layer, name), 2)
