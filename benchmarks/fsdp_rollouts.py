@@ -5,7 +5,8 @@
 Each spec is a fresh headless run of `qwen3-1.7b-gsm8k-fsdp-lora` (or another preset) on the Qwen3-1.7B shape with
 random weights, one process, GSM8K prompts, `--steps` steps (default 3); its row is the mean of steps 2 on (step 1
 compiles). `--rollouts` adds the rows of `generation_bench.py` results (tokens/s and the fraction of the memory-
-bandwidth bound per batch and length). Writes DIR/fsdp-rollouts.json with `rows` and the command; prints a table.
+bandwidth bound per batch and length); `--rows-from` puts the rows of earlier runs of this script first (their
+commands kept in a list with this one). Writes DIR/fsdp-rollouts.json with `rows` and the command; prints a table.
 """
 
 from __future__ import annotations
@@ -45,10 +46,12 @@ SPECS: dict[str, tuple[bool, bool, tuple[str, ...]]] = {
     "graph-lora-merged": (False, True, ("distributed.fsdp=false",)),
     "graph-lora-unmerged": (False, True, ("distributed.fsdp=false", "grpo.decode_copy=off")),
     "graph-no-lora": (False, False, ("distributed.fsdp=false", "peft.enabled=false")),
+    # Full fine-tuning with transformers' forward on the live weights (no copy: the path before the fused forward)
+    "graph-no-lora-live": (False, False, ("distributed.fsdp=false", "peft.enabled=false", "grpo.decode_copy=off")),
     "trl-user-lora": (False, True, ("distributed.fsdp=false", "loss.impl=trl", "grpo.generation_backend=generate")),
     "fsdp2-generate": (True, True, ("grpo.generation_backend=generate",)),
 }
-DEFAULT_SPECS = [label for label in SPECS if label != "fsdp2-generate"]
+DEFAULT_SPECS = [label for label in SPECS if label not in ("fsdp2-generate", "graph-no-lora-live")]
 
 
 def common_sets(model: str, data: str, batch: int, length: int, steps: int) -> list[str]:
@@ -116,22 +119,28 @@ def rollout_rows(bench: Path) -> list[dict[str, Any]]:
     result = json.loads(bench.read_text())
     rows = []
     for r in result["throughput"]:
+        new_tokens = r.get("new_tokens", result["new_tokens"])
+        copy = r.get("decode_copy_mib")
         rows.append(
             {
-                "label": f"rollout {r['backend']} {r['batch']}x{result['new_tokens']}",
+                "label": f"rollout {r['backend']} {r['batch']}x{new_tokens}",
                 "preset": result["model"],
                 "fsdp": False,
                 "lora": False,
                 "backend": r["backend"],
                 "batch": r["batch"],
-                "completion_length": result["new_tokens"],
+                "completion_length": new_tokens,
                 "step_s": None,
                 "generation_s": r["s"],
                 "generation_tokens_per_s": round(r["tokens_per_s"], 1),
                 "bound_tokens_per_s": round(r["bound_tokens_per_s"], 1),
                 "bound_fraction": round(r["bound_fraction"], 4),
+                "decode_bound_fraction": None
+                if "decode_bound_fraction" not in r
+                else round(r["decode_bound_fraction"], 4),
+                "prefill_s": r.get("prefill_s"),
                 "peak_gib": None if r["peak_mib"] is None else round(r["peak_mib"] / 1024, 2),
-                "decode_copy_gib": None,
+                "decode_copy_gib": None if copy is None else round(copy / 1024, 3),
                 "source": str(bench),
             }
         )
@@ -173,6 +182,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=int, default=240, help="seconds per run")
     parser.add_argument("--rollouts", type=Path, nargs="*", default=[], help="generation_bench.py JSON results")
     parser.add_argument(
+        "--rows-from",
+        type=Path,
+        nargs="*",
+        default=[],
+        help="earlier results of this script on the same machine (one device call holds only so many runs): their "
+        "rows come first and their commands are kept beside this one",
+    )
+    parser.add_argument(
         "--warmup",
         default=None,
         help="a spec run first (2 steps) and not reported: the first training process on a machine compiles "
@@ -193,16 +210,21 @@ def main(argv: list[str] | None = None) -> int:
             args.warmup, args.preset, warm_sets, args.out / "runs" / "warmup", args.out / "warmup.log", args.timeout
         )
         print(f"warm-up {args.warmup}: exit {warm['exit']} in {warm['wall_s']} s", flush=True)
-    rows = []
+    rows, commands = [], []
+    for earlier in args.rows_from:
+        result = json.loads(earlier.read_text())
+        rows += result["rows"]
+        commands += result["command"] if isinstance(result["command"], list) else [result["command"]]
     for label in args.specs:
         runs = args.out / "runs" / label
         rows.append(run_row(label, args.preset, sets, runs, args.out / f"{label}.log", args.timeout))
         print(json.dumps(rows[-1]), flush=True)
     for bench in args.rollouts:
         rows += rollout_rows(bench)
+    command = " ".join(["python", "benchmarks/fsdp_rollouts.py", *(argv if argv is not None else sys.argv[1:])])
     result = {
         "what": "whole steps of the FSDP + LoRA preset per rollout path; rollouts against the bandwidth bound",
-        "command": " ".join(["python", "benchmarks/fsdp_rollouts.py", *(argv if argv is not None else sys.argv[1:])]),
+        "command": [*commands, command] if commands else command,
         "device": _device(),
         "python": platform.python_version(),
         "env": {k: v for k, v in os.environ.items() if k in ("GRPO_TUI_CACHE_DIR", "HF_HUB_OFFLINE")},

@@ -36,7 +36,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # its sibling modules,
 
 from sampling_check import mean_logprob, sampling_match, standard_error  # noqa: E402 - after sys.path.insert
 
-# graph first: fastest; static last: compiles, may hit the budget. Also graph-plain and NAME@sdpa (see Backend).
+# graph first: fastest; static last: compiles, may hit the budget. Also graph-hf, graph-plain and NAME@sdpa (see
+# Backend).
 BACKENDS = ("graph", "generate", "static")
 STOP_FRACTION = 0.01  # share of the vocabulary that ends a completion in the sampling check
 
@@ -56,26 +57,34 @@ class Backend:
     """One backend's `run(prompts, new_tokens, stop_ids, min_new)` -> completion id lists."""
 
     def __init__(self, name: str, model: Any, pad_id: int) -> None:
+        from grpo_tui.train.decode_copy import DecodeCopy
+        from grpo_tui.train.decode_model import fused_blockers
         from grpo_tui.train.generation import StaticDecoder
 
         self.name, self.model, self.pad_id = name, model, pad_id
         # graph-plain: the captured step without torch.compile (graph compiles it, as the trainer does);
+        # graph-hf: transformers' forward on the live weights (the trainer's path with grpo.decode_copy = off);
         # NAME@sdpa[+sdpa]: sdpa held to those kernels (graph@cudnn: the path before the kernel) and/or decode steps
         # on grpo_kernels' kernel (@triton); without @, the trainer's default (DEFAULT_DECODE_ATTENTION).
         base, _, sdpa = name.partition("@")
         use_graph = model.device.type == "cuda"
         sdpa_backends = tuple(sdpa.split("+")) if sdpa else None  # None: the trainer's default
-        if base in ("graph", "graph-plain"):
-            self.decoder = StaticDecoder(use_graph, base == "graph" and use_graph, sdpa_backends=sdpa_backends)
-        else:
-            self.decoder = None
+        self.decoder, self.copy_mib, self.decoded = None, None, model
+        if base in ("graph", "graph-plain", "graph-hf"):
+            compiled = base != "graph-plain" and use_graph
+            self.decoder = StaticDecoder(use_graph, compiled, sdpa_backends=sdpa_backends)
+            if base != "graph-hf" and not fused_blockers(model):  # as the trainer decodes: on a fused decode copy
+                copy = DecodeCopy("keep")
+                copy.build(model)
+                self.decoded = copy.refresh(model)
+                self.copy_mib = copy.nbytes / 2**20
 
     def run(self, prompts: list[list[int]], new_tokens: int, stop_ids: list[int], ignore_eos: bool) -> list[list[int]]:
         from grpo_tui.train.generation import Sampling, cut_at_eos
 
         if self.decoder is not None:
             stops = [] if ignore_eos else stop_ids
-            return self.decoder.generate(self.model, prompts, new_tokens, stops, self.pad_id, Sampling()).ids
+            return self.decoder.generate(self.decoded, prompts, new_tokens, stops, self.pad_id, Sampling()).ids
         from transformers import GenerationConfig
 
         # The GenerationConfig TRL builds from GRPOConfig's defaults (see trl GRPOTrainer.__init__).
@@ -168,10 +177,14 @@ def measure(
     out, seconds, peak = timed_run(backend, prompts, new_tokens, stop_ids, device, held)
     tokens = sum(map(len, out))
     assert tokens == len(prompts) * new_tokens, "a completion stopped early"
+    # The prefill alone (and one token): graph backends keep their bucket, so this is the rollout's own prefill
+    _, prefill_s, _ = timed_run(backend, prompts, 1, stop_ids, device, held)
     row = {
         "first_call_s": round(first_s, 3),
         "s": round(seconds, 3),
         "tokens_per_s": tokens / seconds,
+        "prefill_s": round(prefill_s, 4),
+        "decode_tokens_per_s": len(prompts) * (new_tokens - 1) / max(seconds - prefill_s, 1e-9),
         "peak_mib": peak,
         "first_call_peak_mib": first_peak,
     }
@@ -200,24 +213,63 @@ def fresh_rollouts(
 
 def profile_rollout(
     backend: Backend, prompts: list[list[int]], new_tokens: int, stop_ids: list[int], device: torch.device, out: Path
-) -> Path:
+) -> dict[str, Any]:
     """One more rollout of `prompts` under torch.profiler (after the timed one: nothing left to compile);
     its operator tables go to OUT/profile-<backend>-<rows>.txt, and on CUDA the allocations live at its
     memory peak to OUT/peak-<backend>-<rows>.txt. The bucket is released first, as the trainer releases it
     after each rollout, so this rollout allocates its cache and captures inside the block: the peak file
-    accounts for all of a training rollout's memory, not only its transients."""
+    accounts for all of a training rollout's memory, not only its transients. Returns the device time by
+    kind of kernel (`kernel_kinds`)."""
     from grpo_tui.train.profiling import peak_allocations, profiled
 
-    path = out / f"profile-{backend.name.replace('@', '_at_')}-{len(prompts)}.txt"
+    path = out / f"profile-{backend.name.replace('@', '_at_')}-{len(prompts)}-{new_tokens}.txt"
     out.mkdir(parents=True, exist_ok=True)
     title = f"one rollout, {backend.name}, {len(prompts)} x {new_tokens} tokens"
     peak = out / f"peak-{path.stem.removeprefix('profile-')}.txt"  # CUDA: what is live at the rollout's peak
     backend.release()
-    with profiled(path, device.type == "cuda", title), torch.no_grad():
+    start = time.perf_counter()
+    with profiled(path, device.type == "cuda", title) as prof, torch.no_grad():
         with peak_allocations(peak) if device.type == "cuda" else contextlib.nullcontext():
             backend.run(prompts, new_tokens, stop_ids, ignore_eos=True)
         sync(device)
-    return path
+    wall = time.perf_counter() - start
+    return {"backend": backend.name, "batch": len(prompts), "new_tokens": new_tokens, **kernel_kinds(prof, wall)}
+
+
+# Kinds of device kernel in a rollout, the first whose words a kernel's name contains (lower case)
+KERNEL_KINDS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("decode attention", ("_split_kernel", "_merge_kernel")),
+    ("prefill attention", ("fmha", "flash", "attention", "sdpa")),
+    ("GEMM", ("gemm", "nvjet", "cutlass", "xmma", "splitkreduce", "cublas")),
+    ("sampling and log-probs", ("argmax", "exponential", "logsumexp", "amax")),
+    ("fused elementwise (torch.compile)", ("triton_",)),
+    ("copies and fills", ("memcpy", "memset", "copy", "fill")),
+)
+
+
+def kernel_kind(name: str) -> str:
+    lower = name.lower()
+    return next((kind for kind, words in KERNEL_KINDS if any(w in lower for w in words)), "other")
+
+
+def kernel_kinds(prof: Any, wall_s: float) -> dict[str, Any]:
+    """Device time per kernel kind over a profiled block (ms, launches) and how busy the device was: kernels
+    replayed from a CUDA graph show up one by one, as any other."""
+    from torch.autograd import DeviceType
+
+    kinds: dict[str, list[float]] = {}
+    for event in prof.events():
+        if event.device_type != DeviceType.CUDA:
+            continue
+        entry = kinds.setdefault(kernel_kind(event.name), [0.0, 0])
+        entry[0] += event.time_range.elapsed_us() / 1000
+        entry[1] += 1
+    busy = sum(ms for ms, _ in kinds.values())
+    return {
+        "wall_ms": round(1000 * wall_s, 1),
+        "device_busy_ms": round(busy, 1),
+        "kinds": {kind: {"ms": round(ms, 2), "launches": int(n)} for kind, (ms, n) in sorted(kinds.items())},
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -231,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--backends",
         default=",".join(BACKENDS),
-        help="comma-separated: generate, static, graph, graph-plain; graph[-plain]@KERNEL[+KERNEL] holds the decode "
+        help="comma-separated: generate, static, graph, graph-hf, graph-plain; graph[-*]@KERNEL[+KERNEL] holds the decode "
         "steps to sdpa kernels (cudnn, flash, efficient, math) or to grpo_kernels' decode kernel (triton)",
     )
     parser.add_argument(
@@ -250,6 +302,9 @@ def main(argv: list[str] | None = None) -> int:
         metavar="B",
         help="after each backend's timed rollout at batch B, one more under torch.profiler: its operator tables "
         "go to OUT/profile-<backend>-<B>.txt",
+    )
+    parser.add_argument(
+        "--profile-backends", default="", help="comma-separated backends to profile (default: every one)"
     )
     parser.add_argument(
         "--fresh",
@@ -304,9 +359,15 @@ def main(argv: list[str] | None = None) -> int:
         "new_tokens": new_tokens,
         "copy_bandwidth_gb_s": bandwidth / 1e9,
         "throughput": [],
+        "profiles": [],
         "sampling": [],
         "skipped": [],
     }
+
+    def save() -> None:
+        # After every measurement, so that a run stopped by its time limit keeps what it measured
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "generation-bench.json").write_text(json.dumps(result, indent=1) + "\n")
 
     def over_budget(what: str) -> bool:
         if time.perf_counter() - began > args.budget_s:
@@ -322,14 +383,29 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             batch = prompts[:rows]
             measured = measure(backend, batch, new_tokens, stop_ids.tolist(), device, fresh)
-            row = {"backend": name, "batch": rows, **measured}
+            row = {
+                "backend": name,
+                "batch": rows,
+                "new_tokens": new_tokens,
+                **measured,
+                "decode_copy_mib": backend.copy_mib,
+            }
             context = sum(map(len, batch)) / rows + new_tokens / 2
             bound = rows / (step_bytes(model, rows, context) / bandwidth)
-            row.update(bound_tokens_per_s=bound, bound_fraction=row["tokens_per_s"] / bound)
+            row.update(
+                bound_tokens_per_s=bound,
+                bound_fraction=row["tokens_per_s"] / bound,
+                decode_bound_fraction=row["decode_tokens_per_s"] / bound,  # the decode steps alone, prefill left out
+            )
             result["throughput"].append(row)
+            save()
             print(json.dumps(row), flush=True)
-            if rows == args.profile_batch and not over_budget(f"{name} profile batch {rows}"):
-                profile_rollout(backend, batch, new_tokens, stop_ids.tolist(), device, args.out)
+            profiled_here = not args.profile_backends or name in args.profile_backends.split(",")
+            if rows == args.profile_batch and profiled_here and not over_budget(f"{name} profile batch {rows}"):
+                result["profiles"].append(
+                    profile_rollout(backend, batch, new_tokens, stop_ids.tolist(), device, args.out)
+                )
+                save()
         if name not in args.no_sampling.split(",") and not over_budget(f"{name} sampling check"):
             torch.manual_seed(0)
             start = time.perf_counter()
@@ -355,8 +431,7 @@ def main(argv: list[str] | None = None) -> int:
             torch.cuda.empty_cache()
     result["sampling_match"] = sampling_match(result["sampling"])
     result["total_s"] = round(time.perf_counter() - began, 1)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "generation-bench.json").write_text(json.dumps(result, indent=1) + "\n")
+    save()
     print(table(result))
     return 0
 
@@ -374,13 +449,23 @@ def _versions() -> dict[str, str]:
 
 
 def table(result: dict[str, Any]) -> str:
-    lines = [f"{'backend':9} {'batch':>5} {'tok/s':>10} {'first s':>8} {'peak MiB':>9} {'bound %':>8} fresh tok/s"]
+    lines = [
+        f"{'backend':9} {'batch':>5} {'new':>5} {'tok/s':>8} {'first s':>8} {'prefill s':>9} {'peak MiB':>9} "
+        f"{'bound %':>8} {'steps %':>8} fresh tok/s"
+    ]
     for r in result["throughput"]:
         peak = "-" if r["peak_mib"] is None else f"{r['peak_mib']:.0f}"
         fresh = f"{r['fresh_tokens_per_s']:.0f}" if "fresh_tokens_per_s" in r else "-"
         lines.append(
-            f"{r['backend']:9} {r['batch']:>5} {r['tokens_per_s']:>10.0f} {r['first_call_s']:>8.1f} {peak:>9} "
-            f"{100 * r['bound_fraction']:>7.1f}% {fresh:>11}"
+            f"{r['backend']:9} {r['batch']:>5} {r['new_tokens']:>5} {r['tokens_per_s']:>8.0f} {r['first_call_s']:>8.1f} "
+            f"{r['prefill_s']:>9.3f} {peak:>9} {100 * r['bound_fraction']:>7.1f}% "
+            f"{100 * r['decode_bound_fraction']:>7.1f}% {fresh:>11}"
+        )
+    for p in result.get("profiles", []):
+        kinds = ", ".join(f"{kind} {v['ms']:.0f}" for kind, v in p["kinds"].items())
+        lines.append(
+            f"profile {p['backend']} {p['batch']}x{p['new_tokens']}: wall {p['wall_ms']:.0f} ms, busy "
+            f"{p['device_busy_ms']:.0f} ms: {kinds}"
         )
     lines.append(f"{'backend':9} {'n':>5} {'mean logp':>10} {'+-se':>7} {'len mean':>8} {'+-se':>6} {'len std':>8}")
     for s in result["sampling"]:

@@ -3,7 +3,7 @@
 #
 # Run from the repository root on a CUDA machine that has torch, triton, transformers, accelerate and
 # peft (the device image), with the missing packages as wheels in .whl/ and GSM8K in .devdata/:
-#   bash benchmarks/gpu_e2e.sh PHASE...     PHASE: tests kernel generation memory memory2 concurrent rollout dashboard profile steps fsdp
+#   bash benchmarks/gpu_e2e.sh PHASE...     PHASE: tests kernel generation memory memory2 concurrent rollout dashboard profile steps decode fsdp
 # Results land in $OUT (default ./gpu-out): one folder per phase plus a log; a table is printed last.
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu-out}
@@ -170,6 +170,21 @@ for phase in "$@"; do
       mean=(); [ "$count" -gt 2 ] && mean=(--mean)
       python3 benchmarks/step_times.py "${mean[@]}" --out "$OUT/steps/step-times.json" "${labels[@]}" | tee "$OUT/steps/step-times.md"
       ;;
+    decode)
+      # Rollouts of the Qwen3-0.6B shape against the memory-bandwidth bound: the trainer's graph (the fused forward
+      # on the decode copy) beside transformers' forward on the live weights (graph-hf), each profiled once
+      # (device time per kind of kernel); 16 and 128 x 256, then 64 x 1024. DECODE_BACKENDS: the backends to run.
+      build_model || exit 1
+      timeout ${DECODE_TIMEOUT:-200} python3 benchmarks/generation_bench.py --data "$GSM8K" --budget-s 170 \
+        --backends ${DECODE_BACKENDS:-graph,graph-hf} --batches 16,128 --backend-batches graph-hf=128 --no-sampling graph,graph-hf \
+        --profile-batch 128 ${DECODE_ARGS:-} --out "$OUT/decode-256" > "$OUT/decode-256.log" 2>&1
+      tail -7 "$OUT/decode-256.log"
+      timeout ${DECODE_LONG_TIMEOUT:-150} python3 benchmarks/generation_bench.py --data "$GSM8K" --budget-s 120 \
+        --backends ${DECODE_BACKENDS:-graph,graph-hf} --batches 64 --new-tokens 1024 --no-sampling graph,graph-hf --profile-batch 64 \
+        --profile-backends graph \
+        ${DECODE_ARGS:-} --out "$OUT/decode-1024" > "$OUT/decode-1024.log" 2>&1
+      tail -5 "$OUT/decode-1024.log"
+      ;;
     fsdp)
       # Whole steps of the FSDP + LoRA preset (Qwen3-1.7B shape, 1 process) per rollout path: FSDP2 on the decode
       # copy (keep, free), no FSDP (LoRA merged, unmerged, no LoRA) and TRL as a LoRA user has it.
@@ -177,7 +192,7 @@ for phase in "$@"; do
       timeout ${FSDP_TIMEOUT:-560} python3 benchmarks/fsdp_rollouts.py --data "$GSM8K" --out "$OUT/fsdp" \
         ${FSDP_ARGS:-} 2>&1 | tail -12
       ;;
-    *) echo "unknown phase $phase; allowed: tests kernel generation memory memory2 concurrent rollout dashboard profile steps fsdp" >&2; exit 2 ;;
+    *) echo "unknown phase $phase; allowed: tests kernel generation memory memory2 concurrent rollout dashboard profile steps decode fsdp" >&2; exit 2 ;;
   esac
 done
 echo "=== done $(date -u +%T)"

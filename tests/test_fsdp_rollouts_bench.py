@@ -32,5 +32,26 @@ def test_one_run_and_a_rollout_file_become_rows(tiny_model_path: Path, tmp_path:
     assert run["backend"] == "generate"  # the CPU: graph needs CUDA
     assert rolled["bound_fraction"] == pytest.approx(0.3409, abs=1e-4) and rolled["peak_gib"] == 7.29
     assert "graph-lora-merged" in capsys.readouterr().out.splitlines()[-2]
+    # An earlier call's rows come first; both commands are kept
+    later = tmp_path / "later"
+    assert (
+        bench.main(
+            [
+                "--data",
+                "builtin:addition",
+                "--specs",
+                "--out",
+                str(later),
+                "--rows-from",
+                str(tmp_path / "fsdp-rollouts.json"),
+                "--rollouts",
+                str(rollout),
+            ]
+        )
+        == 0
+    )
+    merged = json.loads((later / "fsdp-rollouts.json").read_text())
+    assert [r["label"] for r in merged["rows"]] == ["graph-lora-merged", rolled["label"], rolled["label"]]
+    assert len(merged["command"]) == 2 and "--rows-from" in merged["command"][1]
     with pytest.raises(SystemExit):
         bench.main([*argv[:-2], "--specs", "nope", "--out", str(tmp_path)])
