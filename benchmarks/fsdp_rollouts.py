@@ -15,6 +15,7 @@ import argparse
 import json
 import os
 import platform
+import signal
 import subprocess
 import sys
 import time
@@ -51,6 +52,8 @@ SPECS: dict[str, tuple[bool, bool, tuple[str, ...]]] = {
     "trl-user-lora": (False, True, ("distributed.fsdp=false", "loss.impl=trl", "grpo.generation_backend=generate")),
     "fsdp2-generate": (True, True, ("grpo.generation_backend=generate",)),
 }
+# Seconds a run stopped at its time limit gets to finish its step before it is killed
+STOP_GRACE_S = 30
 DEFAULT_SPECS = [label for label in SPECS if label not in ("fsdp2-generate", "graph-no-lora-live")]
 
 
@@ -76,15 +79,28 @@ def run_row(label: str, preset: str, sets: list[str], runs: Path, log: Path, tim
         argv += ["--set", item]
     start = time.perf_counter()
     with log.open("w") as handle:
-        code = subprocess.run(argv, stdout=handle, stderr=subprocess.STDOUT, timeout=timeout).returncode
+        process = subprocess.Popen(argv, stdout=handle, stderr=subprocess.STDOUT)
+        try:
+            code = process.wait(timeout=timeout)
+            timed_out = False
+        except subprocess.TimeoutExpired:  # Ctrl-C: the run stops at its next step boundary, then by force
+            process.send_signal(signal.SIGINT)
+            try:
+                code = process.wait(timeout=STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                code = process.wait()
+            timed_out = True
     row: dict[str, Any] = {"label": label, "preset": preset, "fsdp": fsdp, "lora": lora, "exit": code}
     row["wall_s"] = round(time.perf_counter() - start, 1)
     metrics = sorted(runs.glob("*/metrics.jsonl"))
     records = read_records(metrics[-1]) if metrics else []
     steps = pick_steps(step_records(records), set())
+    if timed_out:
+        row["timed_out_s"] = timeout
     if not steps:
         errors = [r.get("message") for r in records if r.get("event") in ("error", "oom")]
-        row["error"] = (errors or ["no step record"])[-1]
+        row["error"] = (errors or [f"timed out after {timeout} s" if timed_out else "no step record"])[-1]
         return row
     merged = mean_step(steps)  # the mean of steps 2 on, the highest peak
     peak, copy = peak_mib(merged["memory"]), steps[-1].get(DECODE_COPY_KEY)
@@ -210,17 +226,13 @@ def main(argv: list[str] | None = None) -> int:
             args.warmup, args.preset, warm_sets, args.out / "runs" / "warmup", args.out / "warmup.log", args.timeout
         )
         print(f"warm-up {args.warmup}: exit {warm['exit']} in {warm['wall_s']} s", flush=True)
-    rows, commands = [], []
+    earlier_rows, commands = [], []
     for earlier in args.rows_from:
         result = json.loads(earlier.read_text())
-        rows += result["rows"]
+        earlier_rows += result["rows"]
         commands += result["command"] if isinstance(result["command"], list) else [result["command"]]
-    for label in args.specs:
-        runs = args.out / "runs" / label
-        rows.append(run_row(label, args.preset, sets, runs, args.out / f"{label}.log", args.timeout))
-        print(json.dumps(rows[-1]), flush=True)
-    for bench in args.rollouts:
-        rows += rollout_rows(bench)
+    steps: list[dict[str, Any]] = []
+    rollouts = [row for bench in args.rollouts for row in rollout_rows(bench)]
     command = " ".join(["python", "benchmarks/fsdp_rollouts.py", *(argv if argv is not None else sys.argv[1:])])
     result = {
         "what": "whole steps of the FSDP + LoRA preset per rollout path; rollouts against the bandwidth bound",
@@ -228,9 +240,19 @@ def main(argv: list[str] | None = None) -> int:
         "device": _device(),
         "python": platform.python_version(),
         "env": {k: v for k, v in os.environ.items() if k in ("GRPO_TUI_CACHE_DIR", "HF_HUB_OFFLINE")},
-        "rows": rows,
     }
-    (args.out / "fsdp-rollouts.json").write_text(json.dumps(result, indent=1) + "\n")
+
+    def save() -> None:  # after every run, so that a call stopped by its time limit keeps what it measured
+        result["rows"] = earlier_rows + steps + rollouts
+        (args.out / "fsdp-rollouts.json").write_text(json.dumps(result, indent=1) + "\n")
+
+    save()
+    for label in args.specs:
+        runs = args.out / "runs" / label
+        steps.append(run_row(label, args.preset, sets, runs, args.out / f"{label}.log", args.timeout))
+        print(json.dumps(steps[-1]), flush=True)
+        save()
+    rows = result["rows"]
     print(table(rows))
     return 0 if all("error" not in r for r in rows) else 1
 

@@ -184,31 +184,26 @@ def test_a_prefill_in_column_chunks_matches_generate(
     monkeypatch.setattr(decode_step, "PREFILL_MIN_COLUMNS", min_columns)
     decoder = StaticDecoder(use_graph=False)
     prefills: list[list[int]] = []  # the columns of each forward, per prefill call
-    if forward == "fused":  # the decoder's own prefill forward (compiled on CUDA)
+    real_prefill, real_forward = generation.prefill, decode_step.forward_columns
+    decoded = model
+    if forward == "fused":  # our own forward, on the fused copy
         from test_decode_model import on_copy  # (it imports this module)
 
         decoded = on_copy(model)[1]
-        real = decoder._prefill
+
+    def recording_prefill(*args):
         prefills.append([])
         monkeypatch.setattr(
-            decoder, "_prefill", lambda m, st, ids, *a: prefills[-1].append(ids.size(1)) or real(m, st, ids, *a)
+            decode_step,
+            "forward_columns",
+            lambda m, st, ids, *a: prefills[-1].append(ids.size(1)) or real_forward(m, st, ids, *a),
         )
-    else:  # transformers' forward, through the module's prefill
-        decoded, real_prefill, real_forward = model, generation.prefill, decode_step.forward_columns
+        try:
+            return real_prefill(*args)
+        finally:
+            monkeypatch.setattr(decode_step, "forward_columns", real_forward)
 
-        def recording_prefill(*args):
-            prefills.append([])
-            monkeypatch.setattr(
-                decode_step,
-                "forward_columns",
-                lambda m, st, ids, *a: prefills[-1].append(ids.size(1)) or real_forward(m, st, ids, *a),
-            )
-            try:
-                return real_prefill(*args)
-            finally:
-                monkeypatch.setattr(decode_step, "forward_columns", real_forward)
-
-        monkeypatch.setattr(generation, "prefill", recording_prefill)
+    monkeypatch.setattr(generation, "prefill", recording_prefill)
     got = decode(decoder, decoded, EOS, Sampling(greedy=True))
     assert got == reference(model, PROMPTS, EOS, do_sample=False)
     width, columns = max(map(len, PROMPTS)), decode_step.prefill_columns(decoder.state.rows)

@@ -6,7 +6,6 @@ copy, `decode_model.forward` with its own cache.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -110,12 +109,9 @@ def prefill(
     ids: torch.Tensor,
     mask: torch.Tensor,
     dtype: torch.dtype,
-    forward: Callable[..., torch.Tensor] | None = None,
 ) -> torch.Tensor:
-    """Write the left-padded prompts ids/mask [R, P] into the reset cache, `prefill_columns` columns per call of
-    `forward` (default `forward_columns`; or it compiled: the chunk's width and the cache length are dynamic
-    dimensions, so one compiled graph serves every rollout); the logits [R, V] after the prompts."""
-    forward = forward or forward_columns
+    """Write the left-padded prompts ids/mask [R, P] into the reset cache, `prefill_columns` columns per forward;
+    the logits [R, V] after the prompts."""
     width = ids.size(1)
     state.key_valid.fill_(True)
     state.key_valid[:, :width] = mask
@@ -127,12 +123,7 @@ def prefill(
         # A padding query sees itself, so no row is fully masked (sdpa would return NaN into the cache).
         allowed = (causal & state.key_valid[:, None, :]) | (state.key_index[None, :] == query)  # [R, c, L]
         columns = slice(start, start + step)
-        inputs = (ids[:, columns], positions[:, columns], allowed, query[:, 0])
-        # The chunk's columns and the cache's slots vary from rollout to rollout; the rows are the bucket's
-        for tensor, dims in zip(inputs, ((1,), (1,), (1, 2), (0,))):
-            for dim in dims:
-                torch._dynamo.maybe_mark_dynamic(tensor, dim)
-        logits = forward(model, state, *inputs, dtype)
+        logits = forward_columns(model, state, ids[:, columns], positions[:, columns], allowed, query[:, 0], dtype)
     state.positions.copy_(positions[:, -1:] + 1)
     state.cache_index.fill_(width)
     return logits

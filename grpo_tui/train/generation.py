@@ -17,7 +17,7 @@ The graph reads the parameters of the model it is given: a captured kernel reads
 the live weights the optimizer updates that storage in place, so the graph follows them. Under FSDP2, with
 LoRA, and wherever our own forward covers the model, the trainer hands it the decode copy instead
 (`decode_copy`: full weights, adapters merged, refreshed in place once per rollout); on a copy with fused
-projections (`decode_model`) the decoder runs that forward, its prefill compiled too. DeepSpeed and FSDP1 swap
+projections (`decode_model`) the decoder runs that forward. DeepSpeed and FSDP1 swap
 the storage between forwards and fall back to generate.
 
 `StaticDecoder(use_graph=False)` is the eager twin: the same `prefill`/`decode_and_take` without capture. CPU tests
@@ -44,7 +44,6 @@ from grpo_tui.train.decode_step import (
     DecodeState,
     cache_argument,
     decode_and_take,
-    forward_columns,
     length_is_dynamic,
     prefill,
     take_token,
@@ -101,10 +100,6 @@ class StaticDecoder:
         # tokens/s of the plain graph on the H200, for ~35 s of compiling per row count and process.
         self.compiled = compiled
         self._take = torch.compile(decode_and_take, dynamic=False) if compiled else decode_and_take
-        # The prefill's forward on a fused decode copy, compiled too: eager, its unfused norms, rotary and
-        # activations over every prompt token took a fifth of a 128 x 256 rollout (H100). transformers' forward
-        # keeps its eager prefill (its cache and masks are not written for a compiler).
-        self._prefill = torch.compile(forward_columns, dynamic=False) if compiled else forward_columns
         self._on_compile_failure, self._on_kernel_failure = on_compile_failure, on_kernel_failure
         self._on_compile_start = on_compile_start  # (rows, length): a row count compiled for the first time
         self._compiled_shapes: set[tuple] = set()
@@ -164,7 +159,7 @@ class StaticDecoder:
         state.finished.copy_(torch.arange(state.rows, device=device) >= count)
         if state.seen is not None:
             state.seen.copy_(seen_tokens(ids.masked_fill(~mask, -1), state.seen.size(1) - 1))
-        take_token(state, self._prefill_prompts(model, ids, mask))
+        take_token(state, prefill(model, state, ids, mask, self._dtype))
         steps = max_new_tokens
         for taken in range(1, max_new_tokens + 1):
             if taken == max_new_tokens or (taken % FINISH_CHECK_EVERY == 0 and bool(state.finished.all())):
@@ -174,23 +169,6 @@ class StaticDecoder:
         ids = cut_at_eos(state.out[:count, :steps].cpu(), eos_ids)
         logps = state.logps[:count, :steps].cpu().tolist()
         return Completions(ids, [row[: len(completion)] for row, completion in zip(logps, ids)])
-
-    def _prefill_prompts(self, model: Any, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """The prefill, compiled on a fused copy; if compiling fails, eager from then on, after a one-line reason
-        to `on_compile_failure` (out of memory is raised)."""
-        state = self.state
-        if state.fused is None or self._prefill is forward_columns:
-            return prefill(model, state, ids, mask, self._dtype)
-        try:
-            return prefill(model, state, ids, mask, self._dtype, self._prefill)
-        except Exception as exc:
-            if isinstance(exc, torch.OutOfMemoryError):
-                raise
-            self._prefill = forward_columns
-            if self._on_compile_failure is not None:
-                self._on_compile_failure(labelled_failure("torch.compile failed for the prefill", exc))
-            state.cache.reset()
-            return prefill(model, state, ids, mask, self._dtype)
 
     def _step(self, model: Any) -> None:
         if self._graph is None:
