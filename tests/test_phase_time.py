@@ -276,3 +276,13 @@ def test_plot_steps_draws_one_bar_per_picked_row_and_refuses_a_missing_one(tmp_p
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     with pytest.raises(SystemExit, match="no finished row chunked/64"):
         plot.main(["--out", str(out), f"x={table}:chunked/64"])
+    # fsdp_rollouts.py's rows by label (a failed run is no bar), and a bar known only by its total
+    fsdp = tmp_path / "f.json"
+    step = {"label": "keep", "step_s": 2.8, "generation_s": 1.1, "scoring_s": 0.4, "loss_s": 1.2, "peak_gib": 12.9}
+    fsdp.write_text(json.dumps({"rows": [step, {"label": "free", "error": "timed out after 95 s"}]}))
+    label, row = plot.pick(f"FSDP2={fsdp}:keep")
+    assert label == "FSDP2" and row["phases_s"] == {"generation": 1.1, "scoring": 0.4, "loss": 1.2, "optimizer": None}
+    assert plot.pick("TRL=21.22")[1] == {"step_s": 21.22, "phases_s": {}, "peak_gib": None}
+    assert plot.main(["--out", str(out), f"FSDP2={fsdp}:keep", "TRL=21.22"]) == 0
+    with pytest.raises(SystemExit, match="no finished row free"):
+        plot.pick(f"x={fsdp}:free")

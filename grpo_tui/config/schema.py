@@ -150,9 +150,10 @@ class GrpoSection(_Section):
     )
     decode_copy: DecodeCopyMode = Field(
         "keep",
-        description="Under FSDP2 or LoRA the graph decodes on a full copy of the weights, adapters merged: keep "
-        "(fastest) | free (dropped after each rollout: lower peak, rebuilt each time) | off (FSDP2 falls back to "
-        "generate; LoRA decodes unmerged)",
+        description="The graph decodes on a full copy of the weights (adapters merged; q/k/v and gate/up fused for "
+        "Qwen3, Qwen2, Llama; always under FSDP2): keep (fastest) | free (dropped after each rollout: lower peak, "
+        "rebuilt each time) | off (transformers' forward on the live weights; FSDP2 falls back to generate; LoRA "
+        "decodes unmerged)",
     )
     scoring_sub_batch: Count | None = Field(
         None,
