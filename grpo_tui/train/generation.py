@@ -17,8 +17,8 @@ The graph reads the parameters of the model it is given: a captured kernel reads
 the live weights the optimizer updates that storage in place, so the graph follows them. Under FSDP2, with
 LoRA, and wherever our own forward covers the model, the trainer hands it the decode copy instead
 (`decode_copy`: full weights, adapters merged, refreshed in place once per rollout); on a copy with fused
-projections (`decode_model`) the decoder runs that forward. DeepSpeed and FSDP1 swap
-the storage between forwards and fall back to generate.
+projections (`decode_model`) the decoder runs that forward. DeepSpeed and FSDP1 swap the storage between
+forwards and fall back to generate.
 
 `StaticDecoder(use_graph=False)` is the eager twin: the same `prefill`/`decode_and_take` without capture. CPU tests
 hold it to `model.generate` token for token (greedy, and sampled under one seed); the graph replays what it runs.
