@@ -93,20 +93,15 @@ class KvCache:
             torch._dynamo.maybe_mark_dynamic(tensor, 2)
 
 
-def _inner(model: torch.nn.Module) -> Any:
-    return model.get_base_model().model if hasattr(model, "get_base_model") else model.model
-
-
 def fused_blockers(model: torch.nn.Module) -> list[str]:
-    """Why `forward` cannot decode this model (empty: it can)."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    config = base.config
+    """Why `forward` cannot decode this transformers model (empty: it can); a PEFT model is asked for its base."""
+    config = model.config
     if config.model_type not in FUSED_MODEL_TYPES:
         return [f"model type {config.model_type} (fused decoding covers {', '.join(sorted(FUSED_MODEL_TYPES))})"]
     reasons = []
     if getattr(config, "hidden_act", "silu") != "silu":
         reasons.append(f"hidden_act {config.hidden_act}")
-    rope = getattr(getattr(_inner(base), "rotary_emb", None), "rope_type", None)
+    rope = getattr(getattr(model.model, "rotary_emb", None), "rope_type", None)
     if rope not in STATIC_ROPE_TYPES:
         reasons.append(f"rotary type {rope}")
     if getattr(config, "pretraining_tp", 1) != 1:
@@ -133,7 +128,7 @@ def _fuse(linears: list[torch.nn.Module]) -> tuple[torch.Tensor, torch.Tensor | 
 def fuse_projections(plain: torch.nn.Module) -> FusedModel:
     """Give the plain copy `plain` fused q/k/v and gate/up storage (its projections become views of it) and
     register the view `forward` decodes with (`fused_model`)."""
-    inner = _inner(plain)
+    inner = plain.model
     layers = []
     for layer in inner.layers:
         attn, mlp = layer.self_attn, layer.mlp

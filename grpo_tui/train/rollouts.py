@@ -11,7 +11,7 @@ import torch
 
 from grpo_tui.config.schema import GENERATION_BACKENDS
 from grpo_tui.runs.failures import labelled_failure
-from grpo_tui.train.decode_copy import DecodeCopy, DecodeCopyError, merge_blockers
+from grpo_tui.train.decode_copy import DecodeCopy, DecodeCopyError, merge_blockers, peft_base
 from grpo_tui.train.decode_model import fused_blockers
 from grpo_tui.train.generation import Sampling, StaticDecoder
 from grpo_tui.train.loss_phase import loss_mask
@@ -46,7 +46,7 @@ def wants_copy(trainer: Any, mode: str) -> bool:
     decode as fast as the plain model) and wherever the fused forward covers the model (`decode_model`: four
     GEMMs a layer instead of seven), unless `grpo.decode_copy = off` or the adapters cannot merge."""
     model = trainer.model
-    if mode == "off" or not (is_fsdp2(trainer) or is_peft(model) or not fused_blockers(model)):
+    if mode == "off" or not (is_fsdp2(trainer) or is_peft(model) or not fused_blockers(peft_base(model))):
         return False
     return not merge_blockers(model)
 
