@@ -2,8 +2,7 @@
 
 On the CPU (fp32) its eager twin must decode what `generate` decodes on the trained model, token for token, for
 each model type it covers (Qwen3 with q/k norms, Qwen2 with q/k/v biases, Llama with biases everywhere), follow
-the copy's refresh, and name what it does not cover. The vocabulary reductions it samples with are checked
-against torch's own.
+the copy's refresh, and name what it does not cover.
 """
 
 from __future__ import annotations
@@ -19,7 +18,6 @@ from transformers import AutoModelForCausalLM
 from grpo_tui.train.decode_copy import DecodeCopy
 from grpo_tui.train.decode_model import KvCache, fused_blockers, fused_model
 from grpo_tui.train.generation import Sampling, StaticDecoder
-from grpo_tui.train.sampling import split_argmax, split_logsumexp, vocab_parts
 
 # Small configs of the other covered types: their attention and MLP biases are the parts Qwen3 lacks
 SMALL = {"hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4}
@@ -145,20 +143,3 @@ def test_the_kv_cache_is_one_tensor_pair_per_layer_and_resets_to_zero(tiny_model
     cache.keys[1].fill_(float("nan"))
     cache.reset()
     assert all(not t.any() for t in (*cache.keys, *cache.values))
-
-
-@pytest.mark.parametrize("rows, vocab", [(1, 96), (8, 151936), (128, 151936), (16, 1000), (4, 97)])
-def test_split_reductions_are_torchs(rows: int, vocab: int) -> None:
-    generator = torch.Generator().manual_seed(rows + vocab)
-    x = torch.randn(rows, vocab, generator=generator) * 4
-    x[0, vocab // 3] = x[0, -1] = 50.0  # a tie in row 0: the first index wins, as argmax takes it
-    x[1:, : vocab // 2] = float("-inf")  # a masked half in the other rows, as top-k leaves them
-    assert torch.equal(split_argmax(x), x.argmax(-1))
-    assert split_argmax(x)[0] == vocab // 3
-    torch.testing.assert_close(split_logsumexp(x), torch.logsumexp(x, -1), rtol=1e-6, atol=1e-5)
-
-
-def test_vocab_parts_divide_the_vocabulary_and_fill_the_gpu() -> None:
-    assert vocab_parts(128, 151936) == 8 and vocab_parts(16, 151936) == 64 and vocab_parts(1024, 151936) == 1
-    assert vocab_parts(4, 97) == 1  # odd: kept whole
-    assert vocab_parts(64, 1000) == 8  # 1000 = 8 x 125: no more halvings divide it

@@ -8,12 +8,6 @@ from typing import Any
 
 import torch
 
-# Programs a row reduction over the vocabulary aims for (`vocab_parts`): one program per row leaves most of an
-# H200's 132 SMs idle at 128 rows, and each of them streams the row's 152k logits several times
-ROW_REDUCTION_PROGRAMS = 1024
-# Most parts a row is cut into (each part stays thousands of columns long at a 152k vocabulary)
-MAX_VOCAB_PARTS = 64
-
 
 @dataclass(frozen=True)
 class Sampling:
@@ -47,7 +41,7 @@ def choose_tokens(logits: torch.Tensor, sampling: Sampling, seen: torch.Tensor |
         penalised = torch.where(logits < 0, logits * sampling.repetition_penalty, logits / sampling.repetition_penalty)
         logits = torch.where(seen[:, :vocab], penalised, logits)
     if sampling.greedy:
-        return split_argmax(logits)
+        return logits.argmax(-1)
     if sampling.temperature != 1.0:
         logits = logits / sampling.temperature
     if sampling.top_k:
@@ -62,45 +56,15 @@ def choose_tokens(logits: torch.Tensor, sampling: Sampling, seen: torch.Tensor |
         probs = logits.softmax(-1)
         low = probs < sampling.min_p * probs.amax(-1, keepdim=True)  # the top token is never below it
         logits = logits.masked_fill(low, float("-inf"))
-    # argmax(probs / E) = argmax(logits - log E): the softmax's shift and scale are the same for a whole row
-    noise = torch.empty_like(logits).exponential_()
-    return split_argmax(logits - noise.log())
-
-
-def vocab_parts(rows: int, vocab: int) -> int:
-    """Parts to cut each row's vocabulary into for a reduction: a power of two dividing `vocab`, enough for
-    ROW_REDUCTION_PROGRAMS programs over all rows (1: the row whole)."""
-    parts = 1
-    while parts * rows < ROW_REDUCTION_PROGRAMS and parts < MAX_VOCAB_PARTS and vocab % (2 * parts) == 0:
-        parts *= 2
-    return parts
-
-
-def split_argmax(x: torch.Tensor) -> torch.Tensor:
-    """x.argmax(-1) of [R, V], the first maximum as argmax takes it, reduced in `vocab_parts` parts per row then
-    across the parts, so torch.compile runs it on many programs instead of one per row."""
-    rows, vocab = x.shape
-    parts = vocab_parts(rows, vocab)
-    if parts == 1:
-        return x.argmax(-1)
-    width = vocab // parts
-    best, where = x.view(rows, parts, width).max(-1)  # [R, P]: each part's first maximum
-    part = best.argmax(-1, keepdim=True)  # [R, 1]: the first part holding the row's maximum
-    return (part * width + where.gather(1, part))[:, 0]
-
-
-def split_logsumexp(x: torch.Tensor) -> torch.Tensor:
-    """torch.logsumexp(x, -1) of [R, V], in `vocab_parts` parts per row then across them (see `split_argmax`)."""
-    rows, vocab = x.shape
-    parts = vocab_parts(rows, vocab)
-    return torch.logsumexp(x.view(rows, parts, vocab // parts), -1).logsumexp(-1)
+    probs = logits.softmax(-1)
+    return (probs / torch.empty_like(probs).exponential_()).argmax(-1)
 
 
 def token_logps(logits: torch.Tensor, token: torch.Tensor, temperature: float) -> torch.Tensor:
     """log softmax(logits / temperature) at `token` per row [R]: what the training forward scores the token with
     (TRL divides by the temperature and applies no other warper), so the two are comparable."""
     scaled = logits / temperature if temperature != 1.0 else logits
-    return scaled.gather(1, token[:, None])[:, 0] - split_logsumexp(scaled)
+    return scaled.gather(1, token[:, None])[:, 0] - torch.logsumexp(scaled, -1)
 
 
 def cut_at_eos(tokens: torch.Tensor, eos_ids: list[int]) -> list[list[int]]:
