@@ -103,13 +103,7 @@ def prefill_columns(rows: int) -> int:
     return max(PREFILL_MIN_COLUMNS, PREFILL_TOKENS // max(rows, 1))
 
 
-def prefill(
-    model: Any,
-    state: DecodeState,
-    ids: torch.Tensor,
-    mask: torch.Tensor,
-    dtype: torch.dtype,
-) -> torch.Tensor:
+def prefill(model: Any, state: DecodeState, ids: torch.Tensor, mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Write the left-padded prompts ids/mask [R, P] into the reset cache, `prefill_columns` columns per forward;
     the logits [R, V] after the prompts."""
     width = ids.size(1)
