@@ -173,14 +173,15 @@ for phase in "$@"; do
     decode)
       # Rollouts of the Qwen3-0.6B shape against the memory-bandwidth bound: the trainer's graph (the fused forward
       # on the decode copy) beside transformers' forward on the live weights (graph-hf), each profiled once
-      # (device time per kind of kernel); 16 and 128 x 256, then 64 x 1024. DECODE_BACKENDS: the backends to run.
+      # (device time per kind of kernel); 16 and 128 x 256, then 64 x 1024. DECODE_BACKENDS: the backends at 256
+      # tokens; DECODE_LONG_BACKENDS: at 1024 (default the same).
       build_model || exit 1
       timeout ${DECODE_TIMEOUT:-200} python3 benchmarks/generation_bench.py --data "$GSM8K" --budget-s 170 \
         --backends ${DECODE_BACKENDS:-graph,graph-hf} --batches 16,128 --backend-batches graph-hf=128 --no-sampling graph,graph-hf \
         --profile-batch 128 ${DECODE_ARGS:-} --out "$OUT/decode-256" > "$OUT/decode-256.log" 2>&1
       tail -7 "$OUT/decode-256.log"
       timeout ${DECODE_LONG_TIMEOUT:-150} python3 benchmarks/generation_bench.py --data "$GSM8K" --budget-s 120 \
-        --backends ${DECODE_BACKENDS:-graph,graph-hf} --batches 64 --new-tokens 1024 --no-sampling graph,graph-hf --profile-batch 64 \
+        --backends ${DECODE_LONG_BACKENDS:-${DECODE_BACKENDS:-graph,graph-hf}} --batches 64 --new-tokens 1024 --no-sampling graph,graph-hf --profile-batch 64 \
         --profile-backends graph \
         ${DECODE_ARGS:-} --out "$OUT/decode-1024" > "$OUT/decode-1024.log" 2>&1
       tail -5 "$OUT/decode-1024.log"

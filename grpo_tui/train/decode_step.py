@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from grpo_tui.train.decode_model import FusedModel, KvCache
+from grpo_tui.train.decode_model import PLAIN_OPS, FusedModel, KvCache, compiled_ops
 from grpo_tui.train.decode_model import forward as fused_forward
 from grpo_tui.train.sampling import Sampling, choose_tokens, token_logps
 
@@ -86,11 +86,14 @@ def forward_columns(
     allowed: torch.Tensor,
     slots: torch.Tensor,
     dtype: torch.dtype,
+    visible: int | None = None,
 ) -> torch.Tensor:
     """Feed ids [R, c] at rotary positions [R, c] (their keys and values go to cache slots [c]; each query sees
-    the slots allowed [R, c, L] allows); the fp32 logits [R, V] after the last column, as generate scores them."""
+    the slots allowed [R, c, L] allows); the fp32 logits [R, V] after the last column, as generate scores them.
+    `visible` (the fused forward only): the queries see the first `visible` slots, `allowed` is [R, c, visible]."""
     if state.fused is not None:
-        return fused_forward(state.fused, state.cache, ids, positions, allowed, slots)
+        ops = compiled_ops() if visible is not None and ids.is_cuda else PLAIN_OPS
+        return fused_forward(state.fused, state.cache, ids, positions, allowed, slots, visible, ops)
     # transformers' StaticCache advances its own write position by each forward's width
     cache = {state.cache_argument: state.cache}
     mask = _attention_mask(state, allowed[:, None], dtype)
@@ -112,12 +115,17 @@ def prefill(model: Any, state: DecodeState, ids: torch.Tensor, mask: torch.Tenso
     positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
     step = prefill_columns(ids.size(0))
     for start in range(0, width, step):
-        query = torch.arange(start, min(start + step, width), device=ids.device)[:, None]  # [c, 1]
-        causal = state.key_index[None, :] <= query  # [c, L]
+        end = min(start + step, width)
+        query = torch.arange(start, end, device=ids.device)[:, None]  # [c, 1]
+        # The fused forward attends over the slots written so far only; transformers' takes the whole cache.
+        visible = end if state.fused is not None else None
+        keys, valid = state.key_index[:visible], state.key_valid[:, :visible]
         # A padding query sees itself, so no row is fully masked (sdpa would return NaN into the cache).
-        allowed = (causal & state.key_valid[:, None, :]) | (state.key_index[None, :] == query)  # [R, c, L]
-        columns = slice(start, start + step)
-        logits = forward_columns(model, state, ids[:, columns], positions[:, columns], allowed, query[:, 0], dtype)
+        allowed = (keys[None, :] <= query) & valid[:, None, :] | (keys[None, :] == query)  # [R, c, visible or L]
+        columns = slice(start, end)
+        logits = forward_columns(
+            model, state, ids[:, columns], positions[:, columns], allowed, query[:, 0], dtype, visible
+        )
     state.positions.copy_(positions[:, -1:] + 1)
     state.cache_index.fill_(width)
     return logits

@@ -12,7 +12,7 @@ from test_decode_model import on_copy
 from test_generation import EOS, MAX_NEW, PAD, PROMPTS, reference
 from test_generation_gpu import BF16_FIRST_TOKENS, BF16_ROWS_AGREEING, graph_decode, load, many_prompts
 
-from grpo_tui.train.decode_model import fused_model
+from grpo_tui.train.decode_model import PLAIN_OPS, compiled_ops, fused_model
 from grpo_tui.train.generation import Sampling, StaticDecoder
 
 pytestmark = [
@@ -65,3 +65,30 @@ def test_fused_graph_samples_what_its_eager_twin_samples(tiny_model_path: Path) 
     got = sampled(StaticDecoder(use_graph=True))
     assert got == sampled(StaticDecoder(use_graph=False))
     assert len({tuple(row) for row in got}) > 1
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_compiled_prefill_ops_are_the_plain_ones(dtype: torch.dtype) -> None:
+    generator = torch.Generator(device="cuda").manual_seed(0)
+
+    def rand(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, device="cuda", generator=generator).to(dtype)
+
+    compiled = compiled_ops()
+    for rows, columns in [(16, 64), (128, 7)]:  # two shapes: one compile serves both
+        hidden, heads, weight = rand(rows, columns, 1024), rand(rows, 16, columns, 128), rand(1024)
+        cos, sin = rand(rows, 1, columns, 128), rand(rows, 1, columns, 128)
+        cases = [
+            ("rms_norm", (hidden, weight, 1e-6)),
+            ("rope", (heads, cos, sin)),
+            ("silu_mul", (hidden,)),
+        ]
+        for name, args in cases:
+            got, plain = getattr(compiled, name)(*args), getattr(PLAIN_OPS, name)(*args)
+            if dtype == torch.float32:
+                torch.testing.assert_close(got, plain, rtol=1e-5, atol=1e-5)
+                continue
+            # bf16: torch rounds after each op, the compiled kernel once at its end, so against the same
+            # arithmetic in fp32 the compiled result is never further off than torch's
+            exact = getattr(PLAIN_OPS, name)(*(a.float() if isinstance(a, torch.Tensor) else a for a in args))
+            assert (got.float() - exact).abs().max() <= (plain.float() - exact).abs().max(), name
