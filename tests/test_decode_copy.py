@@ -11,15 +11,14 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from peft import LoraConfig, get_peft_model
 from test_distributed_cpu import _errors
+from torchrun import loopback_env, torchrun
 from transformers import AutoModelForCausalLM
 
 from grpo_tui.train.decode_copy import DecodeCopy, DecodeCopyError, merge_blockers, merged_tensors
@@ -131,9 +130,8 @@ def test_adapters_that_cannot_merge_are_named(tiny_model_path: Path) -> None:
 def run_probe(model: Path, adapters: str, out: Path, device: str, check: str, ranks: int) -> list[dict]:
     """tests/fsdp_decode_probe.py on `ranks` processes; each rank's result."""
     probe = Path(__file__).with_name("fsdp_decode_probe.py")
-    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(ranks)]
-    argv += [str(probe), str(model), adapters, str(out), device, check]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    argv = [*torchrun(ranks), str(probe), str(model), adapters, str(out), device, check]
+    env = loopback_env(OMP_NUM_THREADS="1")
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=env, cwd=out)
     assert proc.returncode == 0, _errors(proc.stderr)
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(ranks)]

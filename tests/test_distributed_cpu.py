@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from e2e_support import free_port
 from test_trainer import ABS, REL, make_run
+from torchrun import loopback_env, torchrun
 
 from grpo_tui.runs.folder import write_json_atomic
 from grpo_tui.runs.metrics import read_records, step_records
@@ -141,18 +142,13 @@ def test_fsdp2_kernel_gets_full_head_and_grads_reach_shards(tiny_model_path: Pat
     script = tmp_path / "fsdp_probe.py"
     script.write_text(FSDP_SCRIPT)
     argv = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node",
-        "2",
+        *torchrun(2),
         str(script),
         str(tiny_model_path),
         layout,
         str(tmp_path),
     ]
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=180, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=180, env=loopback_env(OMP_NUM_THREADS="1"))
     assert proc.returncode == 0, _errors(proc.stderr)
     results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     vocab = results[0]["gathered_shape"][0]
