@@ -510,7 +510,7 @@ def test_a_failed_compile_falls_back_to_the_plain_step_with_a_reason(model: torc
     decoder.compiled, decoder._take = True, broken  # a compiled step that fails (no inductor run on the CPU)
     decoder.state.cache.reset()  # capture follows a fresh bucket's one-token prefill: the cache has room
     with torch.no_grad():
-        decoder._compiled_or_plain(lambda: decoder._warm_up(model))  # what capture runs first, on CUDA
+        decoder._compiled_or_plain(lambda: decoder._warm_up(model, decoder.state))  # what capture runs first, on CUDA
     assert not decoder.compiled
     assert reasons == ["torch.compile failed (RuntimeError: inductor: backend compiler failed)"]
     assert decode(decoder, model, EOS, Sampling(greedy=True)) == reference(model, PROMPTS, EOS, do_sample=False)
@@ -521,7 +521,7 @@ def test_an_error_of_the_plain_step_is_not_swallowed(model: torch.nn.Module) -> 
     decode(decoder, model, EOS, Sampling(greedy=True))
     decoder._take = lambda *args: (_ for _ in ()).throw(RuntimeError("CUDA error: out of memory"))
     with pytest.raises(RuntimeError, match="out of memory"), torch.no_grad():
-        decoder._compiled_or_plain(lambda: decoder._warm_up(model))
+        decoder._compiled_or_plain(lambda: decoder._warm_up(model, decoder.state))
 
 
 def test_vllm_is_checked_before_launch(monkeypatch) -> None:
@@ -567,7 +567,7 @@ def test_the_first_compile_of_a_bucket_shape_is_announced(model: torch.nn.Module
     nor at each new cache length."""
     shapes: list[tuple[int, int]] = []
     decoder = StaticDecoder(use_graph=True, compiled=True, on_compile_start=lambda *shape: shapes.append(shape))
-    monkeypatch.setattr(decoder, "_capture", lambda model: None)  # no CUDA here: the step runs eagerly
+    monkeypatch.setattr(decoder, "_capture", lambda model, state: None)  # no CUDA here: the step runs eagerly
     monkeypatch.setattr(decoder, "_take", decode_and_take)  # and uncompiled
     decode(decoder, model, EOS, Sampling(greedy=True))
     decoder.release()  # what the trainer does after every rollout

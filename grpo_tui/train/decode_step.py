@@ -46,6 +46,7 @@ class DecodeState:
     step: torch.Tensor  # [1] the column of `out` the next token goes to
     logps: torch.Tensor  # [R, L] fp32 log-prob of each chosen token under the decode weights (0 after a row ends)
     seen: torch.Tensor | None = None  # [R, V + 1] `seen_tokens` of prompt and output, for the repetition penalty
+    stop_after: torch.Tensor | None = None  # [R] benchmarks' workloads: the row emits EOS as this token at the latest
     fused: FusedModel | None = None  # the decode copy's fused view: decode with `decode_model.forward`
 
     @property
@@ -135,6 +136,8 @@ def take_token(state: DecodeState, logits: torch.Tensor) -> None:
     """Choose each row's next token from `logits` [R, V], write it to `out` and `tokens` (its log-prob to `logps`),
     and mark rows that ended."""
     token = choose_tokens(logits, state.sampling, state.seen)
+    if state.stop_after is not None:
+        token = torch.where(state.step + 1 >= state.stop_after, state.eos[0], token)
     token = torch.where(state.finished, state.pad_id, token)  # finished rows emit pad
     logp = token_logps(logits, token, state.sampling.temperature).masked_fill(state.finished, 0.0)
     state.out.index_copy_(1, state.step, token[:, None])

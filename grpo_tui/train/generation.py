@@ -32,6 +32,7 @@ from typing import Any, NamedTuple
 import torch
 
 from grpo_tui.runs.failures import labelled_failure
+from grpo_tui.train.compaction import RowMap, can_compact, head, restore, snapshot
 from grpo_tui.train.decode_attention import (
     DEFAULT_DECODE_ATTENTION,
     TRITON_DECODE,
@@ -89,8 +90,12 @@ class StaticDecoder:
         on_compile_start: Callable[[int, int], None] | None = None,
         sdpa_backends: tuple[str, ...] | None = None,
         on_kernel_failure: Callable[[str], None] | None = None,
+        compact: bool = False,
     ) -> None:
         self.use_graph = use_graph
+        # Finished rows stop costing (`compaction`): on the fused forward's cache, once at most half the rows
+        # are still decoding, the rest of the rollout decodes only those, on a graph captured for their count.
+        self.compact = compact
         # The kernels the decode steps may use: "triton" (grpo_kernels' decode kernel, 2.2x cuDNN's sdpa on the
         # H200) and/or torch's SDPBackend names (empty: torch's choice); None: DEFAULT_DECODE_ATTENTION.
         # Checked here: a one-line ValueError before any rollout.
@@ -105,9 +110,11 @@ class StaticDecoder:
         self._compiled_shapes: set[tuple] = set()
         self.state: DecodeState | None = None
         self.captures = 0  # graphs captured so far (tests and the benchmark read it)
+        self.row_counts: list[int] = []  # the last rollout's rows per stretch of decode steps (compaction shrinks them)
         self._model_id: int | None = None
-        self._graph: Any = None
-        self._recipe: tuple | None = None  # (Sampling, eos ids, pad id) the bucket's graph samples with
+        self._graphs: dict[int, Any] = {}  # rows -> the graph captured on the bucket's first rows
+        # (Sampling, eos ids, pad id, lengths forced) the bucket's graph samples with
+        self._recipe: tuple | None = None
         # The stream of every warm-up and capture: each new stream gets its own cuBLAS workspace, kept for the
         # life of the process, and a fresh one per rollout would add one per capture (up to torch's pool of 32).
         self._stream: Any = None
@@ -121,15 +128,17 @@ class StaticDecoder:
         eos_ids: list[int],
         pad_id: int,
         sampling: Sampling,
+        lengths: list[int] | None = None,
     ) -> Completions:
         """Completion ids per prompt, each cut after its first EOS (TRL's `_generate_single_turn` contract), with
-        their tokens' log-probs.
+        their tokens' log-probs. `lengths` (benchmarks' workloads): row i emits EOS as its lengths[i]-th token
+        at the latest.
         If a rollout fails on grpo_kernels' decode kernel (e.g. a GPU it does not compile for), it runs again on
         sdpa, which later rollouts keep, after a one-line reason to `on_kernel_failure`; out of memory is raised."""
         while True:
             try:
                 with folded_heads(model), attention_context(self._sdpa):  # captured with them, so replays keep them
-                    return self._generate(model, prompt_ids, max_new_tokens, eos_ids, pad_id, sampling)
+                    return self._generate(model, prompt_ids, max_new_tokens, eos_ids, pad_id, sampling, lengths)
             except Exception as exc:
                 if TRITON_DECODE not in self._sdpa or isinstance(exc, torch.OutOfMemoryError):
                     raise
@@ -138,11 +147,14 @@ class StaticDecoder:
                 if self._on_kernel_failure is not None:
                     self._on_kernel_failure(labelled_failure("decode attention kernel failed", exc))
 
-    def _generate(self, model, prompt_ids, max_new_tokens, eos_ids, pad_id, sampling) -> Completions:
+    def _generate(self, model, prompt_ids, max_new_tokens, eos_ids, pad_id, sampling, lengths) -> Completions:
         device = next(model.parameters()).device
         count, width = len(prompt_ids), max(len(p) for p in prompt_ids)
-        self._fit(model, count, width + max_new_tokens, device, (sampling, tuple(eos_ids), pad_id))
+        self._fit(model, count, width + max_new_tokens, device, (sampling, tuple(eos_ids), pad_id, lengths is not None))
         state = self.state
+        if lengths is not None:
+            state.stop_after.fill_(max_new_tokens + 1)
+            state.stop_after[:count] = torch.tensor(lengths, device=device)
         ids = torch.full((state.rows, width), pad_id, dtype=torch.long)
         mask = torch.zeros((state.rows, width), dtype=torch.bool)
         for row, prompt in enumerate(prompt_ids):  # left padding, as TRL pads for generate
@@ -160,21 +172,52 @@ class StaticDecoder:
         if state.seen is not None:
             state.seen.copy_(seen_tokens(ids.masked_fill(~mask, -1), state.seen.size(1) - 1))
         take_token(state, prefill(model, state, ids, mask, self._dtype))
-        steps = max_new_tokens
+        rows = RowMap(count, state) if self.compact and can_compact(state) else None
+        view, steps = state, max_new_tokens
+        self.row_counts = [state.rows]
         for taken in range(1, max_new_tokens + 1):
-            if taken == max_new_tokens or (taken % FINISH_CHECK_EVERY == 0 and bool(state.finished.all())):
-                steps = taken
+            if taken == max_new_tokens:
                 break
-            self._step(model)
-        ids = cut_at_eos(state.out[:count, :steps].cpu(), eos_ids)
-        logps = state.logps[:count, :steps].cpu().tolist()
+            if taken % FINISH_CHECK_EVERY == 0:
+                active = int((~view.finished).sum())  # waits for the GPU: hence only every few steps
+                if active == 0:
+                    steps = taken
+                    break
+                smaller = _round_up(active, ROW_MULTIPLE)
+                # The capture's warm-up steps write a few slots ahead: not within that many of the end.
+                room = max_new_tokens - taken > WARMUP_STEPS + FINISH_CHECK_EVERY
+                if rows is not None and room and smaller <= view.rows // 2:
+                    rows.compact(view, smaller)
+                    view = self._view(model, smaller)
+                    self.row_counts.append(smaller)
+            self._step(model, view)
+        if rows is None:
+            out, logps = state.out[:count, :steps], state.logps[:count, :steps]
+        else:
+            rows.keep(view, torch.arange(view.rows, device=device))
+            out, logps = rows.out[:, :steps], rows.logps[:, :steps]
+        ids = cut_at_eos(out.cpu(), eos_ids)
+        logps = logps.cpu().tolist()
         return Completions(ids, [row[: len(completion)] for row, completion in zip(logps, ids)])
 
-    def _step(self, model: Any) -> None:
-        if self._graph is None:
-            self._take(model, self.state, self._dtype)
+    def _step(self, model: Any, view: DecodeState) -> None:
+        graph = self._graphs.get(view.rows)
+        if graph is None:
+            self._take(model, view, self._dtype)
         else:
-            self._graph.replay()
+            graph.replay()
+
+    def _view(self, model: Any, rows: int) -> DecodeState:
+        """The bucket's first `rows` rows, with a graph captured for them if the bucket replays graphs (kept with
+        the bucket). The capture's warm-up steps run on the rollout's own tensors: what they change is restored."""
+        view = head(self.state, rows)
+        if self.compiled:
+            length_is_dynamic(view)
+        if self.use_graph and rows not in self._graphs and self.state.rows in self._graphs:
+            saved = snapshot(view)
+            self._capture(model, view)
+            restore(view, saved)
+        return view
 
     def _fit(self, model: Any, rows: int, length: int, device: torch.device, recipe: tuple) -> None:
         state = self.state
@@ -189,7 +232,7 @@ class StaticDecoder:
         from transformers import StaticCache
 
         self.release()
-        sampling, eos_ids, pad_id = recipe
+        sampling, eos_ids, pad_id, forced = recipe
         # Room for the one-token prefill below and the warm-up steps before a capture
         rows, length = _round_up(rows, ROW_MULTIPLE), max(length, WARMUP_STEPS + 2)
         config = model.config
@@ -224,6 +267,8 @@ class StaticDecoder:
             vocab = prefill(model, state, state.tokens, one, self._dtype).size(-1)
         else:
             vocab = fused.lm_head.size(0)
+        if forced:
+            state.stop_after = torch.zeros(rows, dtype=torch.long, device=device)
         if sampling.repetition_penalty != 1.0:
             state.seen = torch.zeros((rows, vocab + 1), dtype=torch.bool, device=device)
         if self.compiled:
@@ -233,11 +278,11 @@ class StaticDecoder:
             if self.compiled and shape not in self._compiled_shapes and self._on_compile_start is not None:
                 self._on_compile_start(rows, length)
             self._compiled_shapes.add(shape)
-            self._capture(model)
+            self._capture(model, state)
 
-    def _warm_up(self, model: Any) -> None:
+    def _warm_up(self, model: Any, state: DecodeState) -> None:
         for _ in range(WARMUP_STEPS):
-            self._take(model, self.state, self._dtype)
+            self._take(model, state, self._dtype)
 
     def _compiled_or_plain(self, build: Callable[[], Any]) -> Any:
         """`build()` with the compiled step; if that fails, with the plain step (torch.compile's errors, also those
@@ -252,24 +297,24 @@ class StaticDecoder:
                 self._on_compile_failure(labelled_failure("torch.compile failed", exc))
             return build()
 
-    def _captured(self, model: Any) -> Any:
+    def _captured(self, model: Any, state: DecodeState) -> Any:
         """Warm-up steps on a side stream (lazy allocations, autotuning, compiling), then the captured step."""
         if self._stream is None:
             self._stream = torch.cuda.Stream()
         side = self._stream
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
-            self._warm_up(model)
+            self._warm_up(model, state)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, stream=side):
-            self._take(model, self.state, self._dtype)
+            self._take(model, state, self._dtype)
         return graph
 
-    def _capture(self, model: Any) -> None:
-        self._graph = self._compiled_or_plain(lambda: self._captured(model))
+    def _capture(self, model: Any, state: DecodeState) -> None:
+        self._graphs[state.rows] = self._compiled_or_plain(lambda: self._captured(model, state))
         self.captures += 1
 
     def release(self) -> None:
-        """Drop the cache and graph (their memory goes back to the allocator)."""
-        self.state, self._graph, self._model_id, self._recipe = None, None, None, None
+        """Drop the cache and graphs (their memory goes back to the allocator)."""
+        self.state, self._graphs, self._model_id, self._recipe = None, {}, None, None

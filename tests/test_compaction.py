@@ -1,0 +1,89 @@
+"""Finished rows stop costing: the decoder moves the rows still decoding to the front and decodes only those.
+Greedy completions and their log-probs are those of the decoder that keeps every row (the eager twin on CPU)."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+import torch
+from test_decode_model import on_copy
+from test_generation import PAD
+from transformers import AutoModelForCausalLM
+
+from grpo_tui.train.generation import ROW_MULTIPLE, Sampling, StaticDecoder
+
+MAX_NEW = 48
+# A token the tiny model never decodes greedily from these prompts: rows end where `lengths` ends them
+NEVER = 2
+
+
+@pytest.fixture(scope="module")
+def decoded(tiny_model_path: Path) -> torch.nn.Module:
+    torch.set_num_threads(1)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32).eval()
+    return on_copy(model)[1]
+
+
+def prompts(count: int, vocab: int, seed: int = 0) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(5, vocab) for _ in range(rng.randrange(3, 9))] for _ in range(count)]
+
+
+def rollout(decoder: StaticDecoder, model, rows: list[list[int]], lengths, eos=(NEVER,), sampling=None):
+    with torch.no_grad():
+        return decoder.generate(model, rows, MAX_NEW, list(eos), PAD, sampling or Sampling(greedy=True), lengths)
+
+
+def test_compacted_greedy_rollout_is_the_full_one(decoded: torch.nn.Module) -> None:
+    rows = prompts(37, decoded.config.vocab_size)
+    rng = random.Random(1)
+    # Most rows end early, a few run to the cap: the active rows fall below half the bucket twice
+    lengths = [MAX_NEW if i % 9 == 0 else rng.randrange(1, 12) for i in range(len(rows))]
+    full, compact = StaticDecoder(use_graph=False), StaticDecoder(use_graph=False, compact=True)
+    expected, got = rollout(full, decoded, rows, lengths), rollout(compact, decoded, rows, lengths)
+    assert full.row_counts == [40]
+    assert compact.row_counts[0] == 40 and len(compact.row_counts) >= 3  # 40 -> 8 active rows at most
+    assert compact.row_counts[-1] == ROW_MULTIPLE
+    assert got.ids == expected.ids
+    for a, b in zip(got.logprobs, expected.logprobs, strict=True):
+        torch.testing.assert_close(torch.tensor(a), torch.tensor(b), rtol=1e-5, atol=1e-5)
+
+
+def test_rows_end_at_their_forced_length_or_their_own_eos(decoded: torch.nn.Module) -> None:
+    rows = prompts(24, decoded.config.vocab_size, seed=2)
+    lengths = [random.Random(i).randrange(1, MAX_NEW + 1) for i in range(len(rows))]
+    eos = NEVER
+    for compact in (False, True):
+        got = rollout(StaticDecoder(use_graph=False, compact=compact), decoded, rows, lengths, eos=(eos,))
+        for ids, logps, cap in zip(got.ids, got.logprobs, lengths, strict=True):
+            assert len(ids) <= cap and len(logps) == len(ids)
+            assert ids[-1] == eos  # forced or its own: every row ends before MAX_NEW here
+            assert eos not in ids[:-1]
+
+
+def test_compaction_halves_at_least_and_not_near_the_end(decoded: torch.nn.Module) -> None:
+    rows = prompts(16, decoded.config.vocab_size, seed=3)
+    decoder = StaticDecoder(use_graph=False, compact=True)
+    cases = [
+        ([2] * 8 + [MAX_NEW] * 8, [16, 8]),  # half the rows end before the first check
+        ([2] * 7 + [MAX_NEW] * 9, [16]),  # 9 active rows still need 16
+        ([40] * 8 + [MAX_NEW] * 8, [16]),  # within the capture's warm-up room of the end
+        ([MAX_NEW - 2] * 16, [16]),
+    ]
+    for lengths, counts in cases:
+        rollout(decoder, decoded, rows, lengths)
+        assert decoder.row_counts == counts, lengths
+
+
+def test_sampled_compacted_rollouts_are_valid_completions(decoded: torch.nn.Module) -> None:
+    rows = prompts(20, decoded.config.vocab_size, seed=4)
+    lengths = [MAX_NEW if i < 3 else 4 for i in range(len(rows))]
+    torch.manual_seed(0)
+    decoder = StaticDecoder(use_graph=False, compact=True)
+    got = rollout(decoder, decoded, rows, lengths, sampling=Sampling(temperature=0.9, top_k=20))
+    assert decoder.row_counts == [24, 8]
+    assert [len(ids) for ids in got.ids[3:]] == [4] * 17 or all(len(ids) <= 4 for ids in got.ids[3:])
+    assert all(all(lp <= 0.0 for lp in row) for row in got.logprobs)
+    assert len({tuple(ids) for ids in got.ids[:3]}) == 3
