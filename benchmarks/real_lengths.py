@@ -74,7 +74,8 @@ def measure_shape(model: Any, prompts: list[list[int]], rows: int, cap: int, sto
     for name, decoder in decoders.items():
         drawn = None if name == "to-cap" else lengths
         stops = [] if name == "to-cap" else [stop]
-        rollout(decoder, model, batch, cap, stops, pad, drawn)  # compile, capture (every row count it meets)
+        # untimed: compile and capture (every row count it meets); its time says what a first rollout costs
+        _, first_s = timed(device, lambda d=decoder, s=stops, n=drawn: rollout(d, model, batch, cap, s, pad, n))
         out, seconds = timed(device, lambda d=decoder, s=stops, n=drawn: rollout(d, model, batch, cap, s, pad, n))
         generated = sum(map(len, out.ids))
         early = 0 if name == "to-cap" else sum(len(ids) < n for ids, n in zip(out.ids, lengths, strict=True))
