@@ -15,7 +15,9 @@ Only the main process writes RUN/metrics.jsonl and RUN/completions.jsonl:
     resume    right after the start event of a resumed run (`--resume`: from the newest checkpoint, with
               its model, optimizer, scheduler, RNG and step); steps up to the last one already in the
               stream are recomputed from the checkpoint but not written again (no step appears twice);
-    finish    when training ends (finished, or stopped on request or by a lost supervisor).
+    finish    when training ends (finished, or stopped on request or by a lost supervisor), after the final
+              save: `model` names RUN/model/ and `model_bytes` its size (train/final_model.py). A save that
+              fails is an error instead (the run fails with that line).
 SIGINT asks for a stop at the next step boundary, like `{"stop": true}`; a second SIGINT interrupts.
 """
 
@@ -117,7 +119,20 @@ class TrainingSession:
             if self._completions is not None:
                 self._completions.close()
         self._flush_pending()
-        self._event("finish", step=self.step, stopped=self.stop_reason is not None)
+        saved = self._save_model()
+        model = {"model": str(saved.path), "model_bytes": saved.bytes} if saved is not None else {}
+        self._event("finish", step=self.step, stopped=self.stop_reason is not None, **model)
+
+    def _save_model(self) -> Any:
+        from grpo_tui.train.final_model import save_final_model
+
+        info = {
+            "run": self.run_dir.name,
+            "preset": self.preset.name,
+            "step": self.step,
+            "base_model": self.preset.model.name_or_path,
+        }
+        return save_final_model(self.trainer, self.run_dir.model, info)
 
     def _on_sigint(self, signum: int, frame: Any) -> None:
         # First Ctrl-C: stop at the next step boundary; a second one interrupts at once.
