@@ -140,6 +140,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     runs = sub.add_parser("runs", help="list runs with their status")
     runs.add_argument("--runs-dir", type=Path, default=Path("runs"), help="folder holding run folders (default: runs)")
+    tidy = runs.add_mutually_exclusive_group()
+    tidy.add_argument("--delete", type=Path, metavar="RUN", help="delete a run folder (not a live run)")
+    tidy.add_argument("--prune", type=Path, metavar="RUN", help="drop a run's checkpoints/, keeping model/")
+    runs.add_argument("--yes", action="store_true", help="with --delete/--prune: do not ask")
     runs.set_defaults(handler=_cmd_runs)
 
     control = sub.add_parser("control", help="switch the loss implementation, stop a run or dump its stacks")
@@ -329,20 +333,9 @@ def _cmd_presets_save(args: argparse.Namespace) -> int:
 
 
 def _cmd_runs(args: argparse.Namespace) -> int:
-    import time
+    from grpo_tui.runs.housekeeping import runs_command
 
-    from grpo_tui.runs.listing import scan_runs
-
-    runs = scan_runs(args.runs_dir)
-    if not runs:
-        print(f"no runs in {args.runs_dir.resolve()}")
-        return 0
-    width = max(len(r.name) for r in runs)
-    print(f"{'RUN':<{width}}  {'STATUS':<9}  {'STEP':>6}  {'STARTED':<19}  REASON")
-    for run in runs:
-        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(run.started)) if run.started is not None else "-"
-        print(f"{run.name:<{width}}  {run.status:<9}  {run.steps or '-':>6}  {when:<19}  {run.reason or ''}")
-    return 0
+    return runs_command(args.runs_dir, delete=args.delete, prune=args.prune, yes=args.yes)
 
 
 def _cmd_control(args: argparse.Namespace) -> int:

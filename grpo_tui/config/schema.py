@@ -208,6 +208,10 @@ class LoggingSection(_Section):
     runs_dir: PathText = "runs"
     logging_steps: Annotated[Steps, Field(ge=1)] = 1
     save_steps: Steps = Field(0, description="Checkpoint every N steps; 0 = only on request")
+    # 10,000: far more checkpoints than a disk holds; None keeps every one.
+    save_total_limit: Annotated[PositiveInt, Field(le=10_000)] | None = Field(
+        None, description="Checkpoints kept, the newest (older ones are deleted); empty: all"
+    )
     report_to: Annotated[list[Literal["none", "tensorboard", "wandb", "trackio"]], Field(max_length=4)] = Field(
         default_factory=lambda: ["none"]
     )
