@@ -138,3 +138,16 @@ def test_a_full_disk_during_export_leaves_nothing(full_run: Path, tmp_path: Path
     err = capsys.readouterr().err.strip()
     assert "No space left on device" in err and len(err.splitlines()) == 1
     assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out.tmp-*"))
+
+
+def test_export_bench_smoke_mode_writes_time_and_size_per_variant(tiny_model_path: Path, tmp_path: Path) -> None:
+    from benchmark_scripts import load_benchmark
+
+    out = tmp_path / "export.json"
+    assert load_benchmark("export_bench").main(["--tiny", "--repeats", "1", "--out", str(out)]) == 0
+    result = __import__("json").loads(out.read_text())
+    adapter, merged = result["variants"]["adapter"], result["variants"]["merged"]
+    assert adapter["seconds"] > 0 and merged["seconds"] > 0
+    # The merged folder holds the whole model; the adapter folder only the small LoRA matrices
+    assert merged["bytes"] > adapter["bytes"] > 0
+    assert "--tiny" in result["command"]
