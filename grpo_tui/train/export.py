@@ -37,10 +37,11 @@ ADAPTER_CONFIG = "adapter_config.json"
 MODEL_MARKERS = ("config.json", ADAPTER_CONFIG, MODEL_INFO)
 
 
-def _load_errors() -> tuple[type[BaseException], ...]:
-    from safetensors import SafetensorError
+class OneLineParser(argparse.ArgumentParser):
+    """argparse that refuses bad flags in one line (`prog: message`), without the usage block."""
 
-    return (OSError, ValueError, RuntimeError, KeyError, SafetensorError)
+    def error(self, message: str) -> Any:
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
 
 
 class ExportError(ValueError):
@@ -133,7 +134,7 @@ def _resave_full(source: Path, tmp: Path, dtype: str | None) -> None:
 
     try:
         model = AutoModelForCausalLM.from_pretrained(source, dtype=_torch_dtype(dtype) or "auto")
-    except _load_errors() as exc:
+    except Exception as exc:  # whatever the folder's files hold: one line, never a traceback
         raise _loading(source, "model", exc) from exc
     model.save_pretrained(tmp)
     _save_tokenizer(source, tmp)
@@ -144,9 +145,10 @@ def base_of_adapter(source: Path) -> str:
     base = read_info(source).get("base_path")
     if not base:
         try:
-            base = json.loads((source / ADAPTER_CONFIG).read_text(encoding="utf-8")).get("base_model_name_or_path")
-        except (OSError, ValueError) as exc:
+            config = json.loads((source / ADAPTER_CONFIG).read_text(encoding="utf-8"))
+        except (OSError, ValueError, RecursionError) as exc:
             raise ExportError(f"{source / ADAPTER_CONFIG}: unreadable ({exc.__class__.__name__})") from exc
+        base = config.get("base_model_name_or_path") if isinstance(config, dict) else None
     if not isinstance(base, str) or not base:
         raise ExportError(f"{source / ADAPTER_CONFIG}: names no base model (base_model_name_or_path)")
     return base
@@ -181,7 +183,7 @@ def _merge_lora(source: Path, tmp: Path, dtype: str | None) -> str:
         own_dtype = getattr(AutoConfig.from_pretrained(base), "dtype", None)
         model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
         model = PeftModel.from_pretrained(model, source)
-    except _load_errors() as exc:
+    except Exception as exc:  # whatever the folder's files hold: one line, never a traceback
         raise _loading(source, "adapter and its base model", exc) from exc
     merged = model.merge_and_unload()
     if isinstance(own_dtype, str):
@@ -201,12 +203,12 @@ def _save_tokenizer(source: Path, tmp: Path, fallback: str | None = None) -> Non
         try:
             AutoTokenizer.from_pretrained(where).save_pretrained(tmp)
             return
-        except (OSError, ValueError, KeyError):
+        except Exception:  # a folder without a usable tokenizer: the weights are exported without one
             continue
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="grpo-tui export", description=__doc__.splitlines()[0])
+    parser = OneLineParser(prog="grpo-tui export", description=__doc__.splitlines()[0])
     parser.add_argument("run", type=Path, help="the run folder")
     parser.add_argument("--to", type=Path, required=True, metavar="DIR", help="folder to write (new or empty)")
     parser.add_argument("--merged", action="store_true", help="merge a LoRA adapter into its base model")
