@@ -42,6 +42,9 @@ PASSTHROUGH: dict[tuple[str, ...], Passthrough] = {
     ("slurm",): Passthrough("grpo_tui.launch.slurm", "main", "a run folder plus an sbatch script for a SLURM job"),
     ("resume",): Passthrough("grpo_tui.launch.resume", "main", "continue a stopped or failed run from its checkpoint"),
     ("export",): Passthrough("grpo_tui.train.export", "main", "a run's model as a standalone folder (LoRA merged)"),
+    ("eval",): Passthrough(
+        "grpo_tui.train.evaluate", "main", "score the base and the trained model on held-out prompts"
+    ),
 }
 EXIT_USAGE = 2  # bad input (argparse uses 2 as well)
 EXIT_ENVIRONMENT = 1  # the machine refused (a folder we may not write, a full disk)
@@ -110,7 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(
         dest="command",
-        metavar="{run,resume,presets,runs,control,export,check,bench,max-batch,tune,slurm,screenshots}",
+        metavar="{run,resume,presets,runs,control,export,eval,check,bench,max-batch,tune,slurm,screenshots}",
     )
 
     run = sub.add_parser("run", help="start a preset (name from `presets list` or a .toml path)")

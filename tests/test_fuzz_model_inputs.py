@@ -1,4 +1,5 @@
-"""Property-based fuzz of the inputs around a run's model: `export` flags, hostile model folders, `runs --delete/--prune`.
+"""Property-based fuzz of the inputs around a run's model: `export` and `eval` flags, hostile model folders,
+`runs --delete/--prune`.
 
 Whatever the input: no uncaught exception, a refusal is one line starting with the command's name, and a
 failed export leaves nothing under the target name (no folder, no temporary folder beside it).
@@ -12,20 +13,25 @@ import io
 import json
 import shutil
 import tempfile
+import tomllib
 from collections.abc import Iterator
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
 import pytest
+import tomli_w
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from grpo_tui.cli import main
 
+TINY_PRESET = Path(__file__).resolve().parents[1] / "presets" / "tiny-cpu.toml"
+
 # Cases per CI run: each export that gets as far as loading reads and writes the tiny model (~0.1 s).
 ARGV_CASES = 80
 FOLDER_CASES = 60
 TIDY_CASES = 60
+EVAL_CASES = 30
 LINE_LIMIT = 700
 SETTINGS = {"deadline": None, "database": None, "suppress_health_check": list(HealthCheck)}
 
@@ -49,6 +55,9 @@ def root(tiny_model_path: Path) -> Iterator[Path]:
             if lora:
                 model = get_peft_model(model, LoraConfig(r=2, target_modules=["q_proj"], task_type="CAUSAL_LM"))
             info = {"step": 1, "base_path": str(tiny_model_path)}
+            preset = tomllib.loads(TINY_PRESET.read_text())
+            preset["eval"]["prompts"] = 4
+            (run / "config.toml").write_text(tomli_w.dumps(preset))
             write_model(model, model.state_dict(), AutoTokenizer.from_pretrained(tiny_model_path), run / "model", info)
         yield base
 
@@ -156,3 +165,21 @@ def test_fuzz_runs_delete_and_prune(root: Path, flag: str, path: str, yes: bool,
                 pass
         code, _, err = run_cli(["runs", f"{flag}={target}", *(["--yes"] if yes else [])])
         assert_one_line_refusal(code, err, "grpo-tui runs")
+
+
+@settings(max_examples=EVAL_CASES, **SETTINGS)
+@given(
+    which=st.sampled_from(["full", "lora", "missing"]),
+    prompts=st.none() | st.integers(-3, 6).map(str) | texts,
+    mode=st.none() | st.sampled_from(["greedy", "sampled"]) | texts,
+    device=st.none() | st.sampled_from(["cpu", "auto"]) | texts,
+)
+def test_fuzz_eval_flags(root: Path, which: str, prompts, mode, device) -> None:
+    argv = ["eval", str(root / which)]
+    argv += [f"--prompts={prompts}"] if prompts is not None else []
+    argv += [f"--mode={mode}"] if mode is not None else []
+    argv += [f"--device={device}"] if device is not None else []
+    code, out, err = run_cli(argv)
+    assert_one_line_refusal(code, err, "grpo-tui eval")
+    if code == 0:
+        assert "→" in out and (root / which / "eval.json").is_file()

@@ -77,7 +77,8 @@ def save_final_model(trainer: Any, target: Path, info: dict[str, Any]) -> SavedM
     if accelerator.is_main_process:
         model = accelerator.unwrap_model(trainer.model)
         # The base model's config records where the weights came from: an adapter needs it to load.
-        base = getattr(getattr(model, "peft_config", {}).get("default"), "base_model_name_or_path", None)
+        adapter = getattr(model, "peft_config", {}).get("default")
+        base = getattr(adapter, "base_model_name_or_path", None) or getattr(model, "name_or_path", None)
         try:
             saved = write_model(model, state_dict, trainer.processing_class, target, {**info, "base_path": base})
         except (OSError, RuntimeError, ValueError) as exc:

@@ -1,0 +1,69 @@
+"""Held-out evaluation: tiny-cpu scores higher after training than before, on prompts it never trained on."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from test_trainer import make_run
+
+from grpo_tui import cli
+from grpo_tui.config.store import load_preset
+from grpo_tui.runs.metrics import read_records
+from grpo_tui.tasks.data import build_prompt_dataset
+from grpo_tui.tasks.heldout import eval_rows, training_rows
+from grpo_tui.train import entry
+
+
+@pytest.fixture(scope="module")
+def trained(tiny_model_path: Path, tmp_path_factory: pytest.TempPathFactory):
+    run = make_run(tmp_path_factory.mktemp("eval"), "run", grpo={"max_steps": 200})
+    assert entry.main(["--run-dir", str(run.path)]) == 0
+    return run
+
+
+def test_a_tiny_cpu_run_ends_scored_before_and_after(trained) -> None:
+    (finish,) = [r for r in read_records(trained.metrics) if r.get("event") == "finish"]
+    on_file = json.loads(trained.eval.read_text())
+    assert finish["eval"]["reward"] == on_file["reward"]
+    assert on_file["prompts"] == 128 and on_file["mode"] == "sampled"
+
+
+def test_grpo_tui_eval_shows_a_higher_after_than_before(trained, capsys) -> None:
+    trained.eval.unlink()
+    assert cli.main(["eval", str(trained.path)]) == 0
+    out = capsys.readouterr().out
+    assert "addition_partial" in out and "→" in out and f"wrote {trained.eval}" in out
+    result = json.loads(trained.eval.read_text())
+    scores = result["rewards"]["addition_partial"]
+    assert scores["after"] > scores["before"] + 0.05, scores
+    assert result["reward"] == scores  # one reward of weight 1: the weighted total is that reward
+
+
+def test_the_held_out_prompts_are_never_trained_on(tiny_model_path: Path) -> None:
+    preset, _ = load_preset("tiny-cpu")
+    all_rows = build_prompt_dataset(preset.data)
+    train = training_rows(all_rows, preset.eval)
+    held = eval_rows(preset)
+    assert len(held) == preset.eval.prompts
+    assert not set(held["prompt"]) & set(train["prompt"])
+    assert len(train) >= len(all_rows) - preset.eval.prompts * 3  # only the held-out problems (and repeats) go
+    other, _ = load_preset("tiny-cpu", ["eval.seed=1"])
+    assert set(eval_rows(other)["prompt"]) != set(held["prompt"])  # the seed draws them
+
+
+def test_eval_refusals_are_one_line(tmp_path: Path, trained, capsys) -> None:
+    cases = [
+        ([str(tmp_path)], "not a run folder"),
+        ([str(trained.path), "--prompts", "0"], "prompts"),
+        ([str(trained.path), "--mode", "beam"], "invalid choice"),
+    ]
+    for argv, message in cases:
+        try:
+            code = cli.main(["eval", *argv])
+        except SystemExit as exc:
+            code = exc.code
+        assert code == 2, argv
+        err = capsys.readouterr().err.strip()
+        assert message in err and len(err.splitlines()) == 1, err
