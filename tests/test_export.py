@@ -151,3 +151,13 @@ def test_export_bench_smoke_mode_writes_time_and_size_per_variant(tiny_model_pat
     # The merged folder holds the whole model; the adapter folder only the small LoRA matrices
     assert merged["bytes"] > adapter["bytes"] > 0
     assert "--tiny" in result["command"]
+
+
+def test_the_apps_export_runs_the_command_in_a_child_process(full_run: Path, tmp_path: Path) -> None:
+    from grpo_tui.launch.export import ExportOptions, run_export
+
+    done = run_export(full_run, ExportOptions(to=tmp_path / "app", dtype="fp16"))
+    assert done.ok and done.line.startswith(f"wrote {tmp_path / 'app'}")
+    assert read_info(tmp_path / "app")["dtype"] == "float16"
+    refused = run_export(full_run, ExportOptions(to=tmp_path / "app"))  # not empty now, no force
+    assert not refused.ok and "not empty" in refused.line
