@@ -67,3 +67,19 @@ def test_eval_refusals_are_one_line(tmp_path: Path, trained, capsys) -> None:
         assert code == 2, argv
         err = capsys.readouterr().err.strip()
         assert message in err and len(err.splitlines()) == 1, err
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("eval.source='missing.jsonl'", "eval.source: got 'missing.jsonl'; no such file"),
+        ("eval.source='builtin:nope'", "eval.source: got 'builtin:nope'; allowed"),
+        ("eval.rewards=['nope']", "eval.rewards.0: got 'nope'; registered rewards"),
+    ],
+)
+def test_eval_section_is_checked_before_a_run_starts(override: str, message: str) -> None:
+    from grpo_tui.config.checks import check_preset
+
+    preset, _ = load_preset("tiny-cpu", [override])
+    errors = check_preset(preset, environment=False).errors
+    assert len(errors) == 1 and errors[0].startswith(message), errors
