@@ -106,6 +106,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True, help="JSON file to write")
     parser.add_argument("--tiny", action="store_true", help="the tiny model on the CPU: seconds (smoke mode)")
     parser.add_argument("--repeats", type=int, default=3, help="exports per variant (the median is reported)")
+    # Before transformers: importing grpo_tui moves the checkout root (PYTHONPATH on the GPU machine) behind
+    # the installed packages, so its kernels/ folder cannot shadow Hugging Face's `kernels` package.
+    import grpo_tui  # noqa: F401
+
     args = parser.parse_args(argv)
     from transformers.utils import logging as hf_logging
 
