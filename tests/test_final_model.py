@@ -131,27 +131,3 @@ def test_a_failed_save_fails_the_run_with_one_line_and_leaves_no_folder(
     assert verdict.reason is not None and "\n" not in verdict.reason
     assert "final model" in verdict.reason and "No space left on device" in verdict.reason
     assert not [r for r in read_records(run.metrics) if r.get("event") == "finish"]
-
-
-def test_a_headless_run_ends_by_saying_where_the_model_is_and_how_to_load_it(
-    tiny_model_path: Path, tmp_path: Path
-) -> None:
-    from test_cli_e2e import grpo_tui_argv
-
-    done = subprocess.run(
-        [*grpo_tui_argv(), "run", "tiny-cpu", "--headless", "--set", "grpo.max_steps=5"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    lines = done.stdout.splitlines()
-    (saved,) = [line for line in lines if line.startswith("model saved: ")]
-    assert saved.split(": ", 1)[1].split(" (")[0].endswith("/model")
-    (load,) = [line.removeprefix("load it with: ") for line in lines if line.startswith("load it with: ")]
-    assert any(line.startswith("held-out reward: ") and "-> " in line for line in lines)  # tiny-cpu scores at the end
-    # From the folder the user ran in (the repository root would put its kernels/ on sys.path as `kernels`)
-    probe = [sys.executable, "-c", f"{load}; print(type(model).__name__)"]
-    loaded = subprocess.run(probe, capture_output=True, text=True, cwd=tmp_path, timeout=120)
-    assert loaded.returncode == 0 and loaded.stdout.strip() == "Qwen3ForCausalLM", loaded.stderr[-2000:]

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from test_runs_compare_help import runs_table
 from ui_support import SIZE, plain, wait_for
 
 from grpo_tui.dashboard.screens.compare import CompareScreen
@@ -15,7 +16,6 @@ from grpo_tui.dashboard.screens.confirm import ConfirmScreen
 from grpo_tui.dashboard.screens.dashboard import DashboardScreen
 from grpo_tui.dashboard.screens.export import ExportScreen
 from grpo_tui.dashboard.screens.runs import RunsScreen
-from grpo_tui.dashboard.widgets.runs_table import RunsTable
 from grpo_tui.launch import export as export_launch
 
 
@@ -30,10 +30,7 @@ async def test_p_prunes_and_shift_d_deletes_after_a_confirm(app_factory, recorde
     _checkpoint_and_model(recorded_run)
     app = app_factory()
     async with app.run_test(size=SIZE) as pilot:
-        await pilot.pause()
-        await pilot.press("r")
-        table = app.screen.query_one(RunsTable)
-        await wait_for(pilot, lambda: len(table.runs) == 2)
+        table = await runs_table(pilot, "r")
         disk = [str(table.get_cell_at((row, table.get_column_index("disk")))) for row in range(2)]
         assert disk[1].endswith("KiB") and float(disk[1].split()[0]) > 6  # the checkpoint and the model count
         await pilot.press("down", "p")
@@ -98,10 +95,7 @@ async def test_compare_shows_held_out_reward_before_and_after(app_factory, recor
     _evaluated(second_run, 0.30, 0.55, lora=False)
     app = app_factory()
     async with app.run_test(size=SIZE) as pilot:
-        await pilot.pause()
-        await pilot.press("r")
-        table = app.screen.query_one(RunsTable)
-        await wait_for(pilot, lambda: len(table.runs) == 2)
+        await runs_table(pilot, "r")
         await pilot.press("space", "down", "space", "c")
         assert isinstance(app.screen, CompareScreen)
         await wait_for(pilot, lambda: app.screen.data is not None)
