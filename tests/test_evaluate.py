@@ -83,3 +83,23 @@ def test_eval_section_is_checked_before_a_run_starts(override: str, message: str
     preset, _ = load_preset("tiny-cpu", [override])
     errors = check_preset(preset, environment=False).errors
     assert len(errors) == 1 and errors[0].startswith(message), errors
+
+
+GSM8K_TEST = Path("/work/shared/data/gsm8k/test.jsonl")
+
+
+@pytest.mark.skipif(not GSM8K_TEST.is_file(), reason="needs a local copy of GSM8K's test split")
+def test_gsm8k_presets_score_test_questions_drawn_by_the_seed(tiny_model_path: Path) -> None:
+    from grpo_tui.train.evaluate import score
+
+    overrides = [f"eval.source='{GSM8K_TEST}'", "eval.prompts=6", "model.name_or_path='builtin:tiny-qwen3'"]
+    preset, _ = load_preset("qwen3-0.6b-gsm8k", overrides)
+    assert preset.eval.split == "test" and not preset.eval.at_end
+    rows = eval_rows(preset)
+    assert len(rows) == 6 and list(eval_rows(preset)["question"]) == list(rows["question"])  # the same every time
+    other, _ = load_preset("qwen3-0.6b-gsm8k", [*overrides, "eval.seed=7"])
+    assert set(eval_rows(other)["question"]) != set(rows["question"])
+    assert rows["prompt"][0].startswith(preset.data.system_prompt)  # rendered as training renders prompts
+    # Accuracy is the gsm8k_correct reward's mean: the gold solutions score 1, a wrong number 0
+    assert score(preset, rows, list(rows["answer"]))["gsm8k_correct"] == 1.0
+    assert score(preset, rows, ["#### -1"] * 6)["gsm8k_correct"] == 0.0
