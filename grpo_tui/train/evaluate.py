@@ -21,7 +21,12 @@ from typing import Any
 from grpo_tui.config.schema import Preset
 from grpo_tui.runs.folder import RunDir, write_json_atomic
 from grpo_tui.runs.model_dir import KIND_LORA, read_info
-from grpo_tui.train.export import ExportError, OneLineParser
+from grpo_tui.train.export import OneLineParser
+
+
+class EvalError(ValueError):
+    """An evaluation that cannot run (one user-facing line)."""
+
 
 # Completion length when the preset sets none (grpo.max_completion_length = none).
 DEFAULT_NEW_TOKENS = 256
@@ -34,7 +39,7 @@ def load_models(run: RunDir, preset: Preset, device: Any) -> tuple[Any, Any, Any
     from grpo_tui.train.assemble import resolve_model
 
     if not run.model.is_dir():
-        raise ExportError(f"{run.path}: no model/ to evaluate (saved when a run finishes or stops)")
+        raise EvalError(f"{run.path}: no model/ to evaluate (saved when a run finishes or stops)")
     info = read_info(run.model)
     base_path = info.get("base_path")
     if not isinstance(base_path, str) or not Path(base_path).is_dir():
@@ -55,7 +60,7 @@ def load_models(run: RunDir, preset: Preset, device: Any) -> tuple[Any, Any, Any
     except Exception as exc:  # whatever the folders hold: one line
         from grpo_tui.runs.failures import exception_line
 
-        raise ExportError(f"{run.model}: cannot load the models to evaluate: {exception_line(exc)[:200]}") from exc
+        raise EvalError(f"{run.model}: cannot load the models to evaluate: {exception_line(exc)[:200]}") from exc
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     return base.to(device).eval(), trained.to(device).eval(), tokenizer
@@ -178,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     run = RunDir(args.run.resolve())
     try:
         if not run.is_run:
-            raise ExportError(f"{args.run}: not a run folder (no run.json or metrics.jsonl)")
+            raise EvalError(f"{args.run}: not a run folder (no run.json or metrics.jsonl)")
         preset = run.load_preset()
         changes = {k: v for k, v in (("prompts", args.prompts), ("mode", args.mode)) if v is not None}
         if changes:  # validated as the preset field would be
@@ -188,9 +193,9 @@ def main(argv: list[str] | None = None) -> int:
             import torch
 
             if not torch.cuda.is_available():
-                raise ExportError("--device cuda: no CUDA device here")
+                raise EvalError("--device cuda: no CUDA device here")
         result = evaluate_run(run, preset, device)
-    except ExportError as exc:
+    except EvalError as exc:
         print(f"grpo-tui eval: {exc}", file=sys.stderr)
         return 2
     print(f"{result['prompts']} held-out prompts ({result['mode']}), before → after:")
