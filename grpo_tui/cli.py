@@ -41,6 +41,10 @@ PASSTHROUGH: dict[tuple[str, ...], Passthrough] = {
     ),
     ("slurm",): Passthrough("grpo_tui.launch.slurm", "main", "a run folder plus an sbatch script for a SLURM job"),
     ("resume",): Passthrough("grpo_tui.launch.resume", "main", "continue a stopped or failed run from its checkpoint"),
+    ("export",): Passthrough("grpo_tui.train.export", "main", "a run's model as a standalone folder (LoRA merged)"),
+    ("eval",): Passthrough(
+        "grpo_tui.train.evaluate", "main", "score the base and the trained model on held-out prompts"
+    ),
 }
 EXIT_USAGE = 2  # bad input (argparse uses 2 as well)
 EXIT_ENVIRONMENT = 1  # the machine refused (a folder we may not write, a full disk)
@@ -109,7 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(
         dest="command",
-        metavar="{run,resume,presets,runs,control,check,bench,max-batch,tune,slurm,screenshots}",
+        metavar="{run,resume,presets,runs,control,export,eval,check,bench,max-batch,tune,slurm,screenshots}",
     )
 
     run = sub.add_parser("run", help="start a preset (name from `presets list` or a .toml path)")
@@ -140,6 +144,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     runs = sub.add_parser("runs", help="list runs with their status")
     runs.add_argument("--runs-dir", type=Path, default=Path("runs"), help="folder holding run folders (default: runs)")
+    tidy = runs.add_mutually_exclusive_group()
+    tidy.add_argument("--delete", type=Path, metavar="RUN", help="delete a run folder (not a live run)")
+    tidy.add_argument("--prune", type=Path, metavar="RUN", help="drop a run's checkpoints/, keeping model/")
+    runs.add_argument("--yes", action="store_true", help="with --delete/--prune: do not ask")
     runs.set_defaults(handler=_cmd_runs)
 
     control = sub.add_parser("control", help="switch the loss implementation, stop a run or dump its stacks")
@@ -329,20 +337,9 @@ def _cmd_presets_save(args: argparse.Namespace) -> int:
 
 
 def _cmd_runs(args: argparse.Namespace) -> int:
-    import time
+    from grpo_tui.runs.housekeeping import runs_command
 
-    from grpo_tui.runs.listing import scan_runs
-
-    runs = scan_runs(args.runs_dir)
-    if not runs:
-        print(f"no runs in {args.runs_dir.resolve()}")
-        return 0
-    width = max(len(r.name) for r in runs)
-    print(f"{'RUN':<{width}}  {'STATUS':<9}  {'STEP':>6}  {'STARTED':<19}  REASON")
-    for run in runs:
-        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(run.started)) if run.started is not None else "-"
-        print(f"{run.name:<{width}}  {run.status:<9}  {run.steps or '-':>6}  {when:<19}  {run.reason or ''}")
-    return 0
+    return runs_command(args.runs_dir, delete=args.delete, prune=args.prune, yes=args.yes)
 
 
 def _cmd_control(args: argparse.Namespace) -> int:

@@ -57,6 +57,14 @@ def test_run_tiny_cpu_headless_five_steps(tiny_model_path: Path, tmp_path: Path)
     assert lines[-1].startswith("[####################] 5/5 steps, finished")
     for name in ("config.toml", "accelerate.yaml", "command.json", "stdout.log", "metrics.jsonl", "run.json"):
         assert (run.path / name).is_file(), name
+    # The run ends by saying where its model is, how it scored, and the one line that loads it (which works)
+    assert f"model saved: {run.model} (" in done.stdout
+    assert any(line.startswith("held-out reward: ") and " after (eval.json)" in line for line in lines)
+    (load,) = [line.removeprefix("load it with: ") for line in lines if line.startswith("load it with: ")]
+    # From the folder the user ran in (the repository root would put its kernels/ on sys.path as `kernels`)
+    probe = [sys.executable, "-c", f"{load}; print(type(model).__name__)"]
+    loaded = subprocess.run(probe, capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert loaded.returncode == 0 and loaded.stdout.strip() == "Qwen3ForCausalLM", loaded.stderr[-2000:]
 
 
 def test_ctrl_c_stops_a_real_run_with_metrics_intact(tiny_model_path: Path, tmp_path: Path) -> None:

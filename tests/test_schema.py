@@ -48,7 +48,7 @@ def test_walk_fields_meets_every_field_of_the_preset_in_declaration_order() -> N
 
 
 def test_sections_are_the_presets_tables_in_declaration_order() -> None:
-    assert SECTIONS == ("model", "data", "rewards", "grpo", "loss", "peft", "distributed", "logging")
+    assert SECTIONS == ("model", "data", "rewards", "grpo", "loss", "peft", "distributed", "logging", "eval")
     assert SECTIONS == tuple(name for name in Preset.model_fields if name not in ("name", "description"))
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from grpo_tui.config.eval_checks import eval_errors
 from grpo_tui.config.schema import GENERATION_BACKENDS, Preset
 from grpo_tui.config.types import ECHO_LIMIT, clip, shorten
 from grpo_tui.tasks.data import BUILTIN_ADDITION, LOCAL_SUFFIXES, first_row, template_problem
@@ -51,6 +52,7 @@ def check_preset(preset: Preset, environment: bool = True, visible_gpus: int | N
     row = first_row(preset.data.source)
     _check_data(preset, result, row)
     _check_rewards(preset, result, row)
+    result.errors += eval_errors(preset)
     if environment:
         result.errors += environment_errors(preset, visible_gpus)
     return result

@@ -208,12 +208,35 @@ class LoggingSection(_Section):
     runs_dir: PathText = "runs"
     logging_steps: Annotated[Steps, Field(ge=1)] = 1
     save_steps: Steps = Field(0, description="Checkpoint every N steps; 0 = only on request")
+    # 10,000: far more checkpoints than a disk holds; None keeps every one.
+    save_total_limit: Annotated[PositiveInt, Field(le=10_000)] | None = Field(
+        None, description="Checkpoints kept, the newest (older ones are deleted); empty: all"
+    )
     report_to: Annotated[list[Literal["none", "tensorboard", "wandb", "trackio"]], Field(max_length=4)] = Field(
         default_factory=lambda: ["none"]
     )
     completions_per_step: Annotated[Int, Field(ge=0, le=MAX_BATCH)] = Field(
         16, description="Completions kept per step in completions.jsonl (0 = none)"
     )
+
+
+class EvalSection(_Section):
+    """Held-out evaluation: the base and the trained model scored on the same prompts (`grpo-tui eval`)."""
+
+    source: PathText | None = Field(
+        None,
+        description="Held-out prompts, a source as data.source (empty: eval.prompts rows of data.source, drawn "
+        "by eval.seed and left out of training)",
+    )
+    split: Annotated[Line, Field(min_length=1)] = Field("test", description="Split of eval.source (hub datasets)")
+    prompts: Annotated[PositiveInt, Field(le=MAX_BATCH)] = Field(64, description="Held-out prompts scored")
+    mode: Literal["greedy", "sampled"] = Field("greedy", description="greedy | sampled (grpo.temperature, top_p)")
+    seed: Annotated[Int, Field(ge=0, lt=SEED_LIMIT)] = Field(0, description="Draws the held-out prompts")
+    rewards: Annotated[list[Annotated[Line, Field(min_length=1)]], Field(max_length=64)] = Field(
+        default_factory=list, description="Reward names scored (empty: the preset's rewards.functions)"
+    )
+    at_end: bool = Field(False, description="Score the base and the trained model when the run ends (eval.json)")
+    batch_size: Count = Field(32, description="Prompts generated at a time")
 
 
 class Preset(_Section):
@@ -228,6 +251,7 @@ class Preset(_Section):
     peft: PeftSection = Field(default_factory=PeftSection)
     distributed: DistributedSection = Field(default_factory=DistributedSection)
     logging: LoggingSection = Field(default_factory=LoggingSection)
+    eval: EvalSection = Field(default_factory=EvalSection)
 
     @field_validator("name")
     @classmethod

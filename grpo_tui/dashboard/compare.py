@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from grpo_tui.dashboard.state import PEAK_MIB, RunState
 from grpo_tui.runs.metrics import PHASES
+from grpo_tui.runs.product import read_product
 
 # Steps averaged for a run's "final reward".
 FINAL_REWARD_STEPS = 10
@@ -24,6 +25,8 @@ class RunSummary:
     run_peak_mib: float | None
     median_step_time_s: float | None
     final_reward: float | None  # mean reward of the last FINAL_REWARD_STEPS steps
+    # Held-out reward before -> after training per reward function (eval.json), empty before `grpo-tui eval`
+    heldout: dict[str, tuple[float, float]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,7 @@ def summarize(state: RunState, label: str = "") -> RunSummary:
         run_peak_mib=state.run_peak_mib,
         median_step_time_s=state.median_step_time(),
         final_reward=sum(tail) / len(tail) if tail else None,
+        heldout=read_product(state.run_dir).scores if state.run_dir is not None else {},
     )
 
 

@@ -36,6 +36,7 @@ from grpo_tui.runs.metrics import (
     as_float,
     phase_time_key,
 )
+from grpo_tui.runs.product import RunProduct, product_stamp, read_product
 from grpo_tui.runs.status import LIVE_STATES, RunStatus, judge
 
 # Points per drawn series: about two per cell of a wide chart, so nothing visible is lost.
@@ -113,6 +114,7 @@ class DashboardView:
     stop_requested: bool
     generation: int = 0  # bumps when the charts changed (the UI skips redrawing otherwise)
     partial: bool = False  # only the newest steps are loaded so far (a long run's first view)
+    product: RunProduct = field(default_factory=RunProduct)  # the run's model/ and held-out scores, once written
 
 
 @dataclass
@@ -141,6 +143,8 @@ class DashboardFeed:
     _control: dict[str, Any] = field(default_factory=dict)
     _control_stamp: tuple[int, int] | None = (-1, -1)
     _phases: dict[str, dict[str, float | None]] = field(default_factory=dict)
+    _product: RunProduct = field(default_factory=RunProduct)
+    _product_stamp: tuple[object, ...] | None = None
 
     def __post_init__(self) -> None:
         self.run = RunDir(Path(self.run_path))
@@ -243,7 +247,14 @@ class DashboardFeed:
             stop_requested=bool(control.get("stop")),
             generation=self._generation,
             partial=state.partial,
+            product=self._read_product(),
         )
+
+    def _read_product(self) -> RunProduct:
+        stamp = product_stamp(self.run.path)  # two stats; model/ and eval.json are read again only when changed
+        if stamp != self._product_stamp:
+            self._product, self._product_stamp = read_product(self.run.path), stamp
+        return self._product
 
     def _read_control(self) -> dict[str, Any]:
         stamp = file_stamp(self.run.control)

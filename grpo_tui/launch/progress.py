@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TextIO
 
 from grpo_tui.runs.metrics import is_step
@@ -69,7 +70,26 @@ def format_event(record: dict[str, Any]) -> str | None:
         return f"step {record.get('step')}: checkpoint saved {record.get('path', '')}".rstrip()
     if event == "control_error":
         return f"control.json ignored: {record.get('message', '')}"
+    if event == "finish" and isinstance(record.get("model"), str):
+        return finish_lines(record)
     return None
+
+
+def finish_lines(record: dict[str, Any]) -> str:
+    """Where the run's model is, the one line that loads it, and the held-out reward before -> after."""
+    from grpo_tui.runs.model_dir import human_bytes, load_command
+
+    model = Path(record["model"])
+    size = record.get("model_bytes")
+    lines = [f"model saved: {model}" + (f" ({human_bytes(size)})" if isinstance(size, int) else "")]
+    lines.append(f"load it with: {load_command(model)}")
+    scores = record.get("eval")
+    total = scores.get("reward") if isinstance(scores, dict) else None
+    if isinstance(total, dict) and all(isinstance(total.get(k), (int, float)) for k in ("before", "after")):
+        lines.append(f"held-out reward: {total['before']:.3f} before -> {total['after']:.3f} after (eval.json)")
+    elif record.get("eval_error"):
+        lines.append(f"held-out evaluation failed: {record['eval_error']}")
+    return "\n".join(lines)
 
 
 class ProgressPrinter:

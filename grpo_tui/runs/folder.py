@@ -10,6 +10,8 @@ runs/<YYYYmmdd-HHMMSS>-<preset>/
     control.json           requests to the trainer (loss_impl switch, stop), written atomically
     run.json               pids, process group, state, exit code (written by the runner; status.judge reads it)
     checkpoints/           checkpoint-<step>/ from the trainer (logging.save_steps, every stop); `resume` reads them
+    model/                 the trained model in Hugging Face format, written when training ends (model_dir.py)
+    eval.json              held-out scores of the base and the trained model (`grpo-tui eval`)
     heartbeat*.json        each rank's phase in progress, rewritten every few seconds (see heartbeat.py)
 
 Data flows one way (runner -> trainer -> files -> dashboard); the only way back is control.json.
@@ -157,6 +159,14 @@ class RunDir:
     @property
     def checkpoints(self) -> Path:
         return self.path / "checkpoints"
+
+    @property
+    def model(self) -> Path:
+        return self.path / "model"
+
+    @property
+    def eval(self) -> Path:
+        return self.path / "eval.json"
 
     def latest_checkpoint(self) -> Path | None:
         """The newest complete checkpoint-<step>/ (one with the trainer state, written last), or None."""

@@ -12,6 +12,7 @@ from typing import Any
 
 from grpo_tui.runs.folder import RunDir, list_runs
 from grpo_tui.runs.metrics import as_float, as_int, step_records, tail_records
+from grpo_tui.runs.model_dir import folder_bytes
 from grpo_tui.runs.status import ENDED_STATES, LIVE_STATES, RunStatus, judge, recorded_state
 
 
@@ -39,6 +40,7 @@ class RunInfo:
     pid: int | None
     last_loss: float | None = None
     reason: str | None = None  # why it failed / was lost, one line
+    disk_bytes: int = 0  # the whole folder (checkpoints and model included)
 
 
 def run_info(run_path: Path, meta: dict[str, Any] | None = None) -> RunInfo:
@@ -67,6 +69,7 @@ def run_info(run_path: Path, meta: dict[str, Any] | None = None) -> RunInfo:
         last_loss=as_float(last.get("loss")),
         pid=as_int(meta.get("pid")),
         reason=verdict.reason,
+        disk_bytes=folder_bytes(run.path),
     )
 
 

@@ -37,6 +37,8 @@ supervisor_lost (the trainer found its supervisor gone and stopped itself; `mess
 checkpoint (step, path: a checkpoint was saved). resume (from_step, checkpoint: `grpo-tui resume` continued
 the run from that checkpoint; it follows the new start event, and the events before it belong to the
 earlier attempt: a run's status is read from the events after its last resume).
+finish (step, stopped; model and model_bytes: RUN/model/ written by the final save; with eval.at_end, eval:
+eval.json's `reward` and `rewards` before/after, or eval_error: one line).
 
 Readers skip a truncated last line (a writer may be mid-line) and lines from a newer schema they
 cannot parse are still returned as dicts: unknown keys are ignored, never fatal. Lines that are not

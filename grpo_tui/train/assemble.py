@@ -43,6 +43,7 @@ def build_trainer(
     from transformers import AutoTokenizer
 
     from grpo_tui.tasks.data import build_prompt_dataset
+    from grpo_tui.tasks.heldout import training_rows
     from grpo_tui.tasks.rewards import resolve_reward
     from grpo_tui.train.phase_memory import apply_memory_cap
     from grpo_tui.train.trainer import GrpoTuiTrainer
@@ -62,7 +63,8 @@ def build_trainer(
     tokenizer = AutoTokenizer.from_pretrained(model_path, trust_remote_code=preset.model.trust_remote_code)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    dataset = build_prompt_dataset(preset.data, tokenizer, preset.grpo.max_prompt_length)
+    # Rows held out for [eval] (when it reads data.source itself) are never trained on
+    dataset = training_rows(build_prompt_dataset(preset.data, tokenizer, preset.grpo.max_prompt_length), preset.eval)
     rewards = [resolve_reward(spec.name) for spec in preset.rewards.functions]
     peft_config = None
     if preset.peft.enabled:

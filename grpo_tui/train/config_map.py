@@ -44,6 +44,7 @@ def grpo_config(preset: Preset, run: RunDir) -> Any:
         logging_steps=log.logging_steps,
         save_strategy="steps" if log.save_steps > 0 else "no",
         save_steps=max(log.save_steps, 1),
+        save_total_limit=log.save_total_limit,
         report_to=[r for r in log.report_to if r != "none"] or "none",
         use_cpu=preset.distributed.use_cpu,
         bf16=preset.distributed.mixed_precision == "bf16",

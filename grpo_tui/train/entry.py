@@ -31,6 +31,9 @@ def main(argv: list[str] | None = None, hard_exit: bool = False) -> int:
     args = parser.parse_args(argv)
     # Before the start event publishes this pid: SIGUSR1 unhandled would kill the rank it asks for stacks.
     enable_stack_dumps()
+    # Private, as the run folder is: the HF Trainer and transformers create checkpoints and the final model
+    # with the process umask (0755 folders, 0644 files under the usual 022), and they hold the user's weights.
+    previous_umask = os.umask(0o077)
     run = RunDir(args.run_dir.resolve())
     from accelerate import PartialState
 
@@ -48,6 +51,7 @@ def main(argv: list[str] | None = None, hard_exit: bool = False) -> int:
         if writer is not None:
             _close_quietly(writer)
         _shutdown_distributed(state, healthy=code == EXIT_OK, hard_exit=hard_exit, code=code)
+        os.umask(previous_umask)  # called in-process (tests, tools): leave the caller's umask as it was
     return code
 
 

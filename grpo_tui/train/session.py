@@ -15,7 +15,10 @@ Only the main process writes RUN/metrics.jsonl and RUN/completions.jsonl:
     resume    right after the start event of a resumed run (`--resume`: from the newest checkpoint, with
               its model, optimizer, scheduler, RNG and step); steps up to the last one already in the
               stream are recomputed from the checkpoint but not written again (no step appears twice);
-    finish    when training ends (finished, or stopped on request or by a lost supervisor).
+    finish    when training ends (finished, or stopped on request or by a lost supervisor), after the final
+              save: `model` names RUN/model/ and `model_bytes` its size (train/final_model.py). A save that
+              fails is an error instead (the run fails with that line). With eval.at_end, a finished run is
+              scored first (train/evaluate.py): `eval` holds eval.json's before/after, or `eval_error` a line.
 SIGINT asks for a stop at the next step boundary, like `{"stop": true}`; a second SIGINT interrupts.
 """
 
@@ -117,7 +120,35 @@ class TrainingSession:
             if self._completions is not None:
                 self._completions.close()
         self._flush_pending()
-        self._event("finish", step=self.step, stopped=self.stop_reason is not None)
+        saved = self._save_model()
+        model = {"model": str(saved.path), "model_bytes": saved.bytes} if saved is not None else {}
+        scores = self._evaluate() if self.preset.eval.at_end and self.stop_reason is None else {}
+        self._event("finish", step=self.step, stopped=self.stop_reason is not None, **model, **scores)
+
+    def _evaluate(self) -> dict[str, Any]:
+        # A finished run's held-out scores (eval.at_end), on the main process: the model is saved already, so
+        # a failure here is reported on the finish event and never fails the run.
+        if self.writer is None:
+            return {}
+        from grpo_tui.runs.failures import exception_line
+        from grpo_tui.train.evaluate import evaluate_run
+
+        try:
+            result = evaluate_run(self.run_dir, self.preset, device=self.state.device)
+        except Exception as exc:  # any failure of the optional evaluation is one line on the finish event
+            return {"eval_error": exception_line(exc)}
+        return {"eval": {"reward": result["reward"], "rewards": result["rewards"]}}
+
+    def _save_model(self) -> Any:
+        from grpo_tui.train.final_model import save_final_model
+
+        info = {
+            "run": self.run_dir.name,
+            "preset": self.preset.name,
+            "step": self.step,
+            "base_model": self.preset.model.name_or_path,
+        }
+        return save_final_model(self.trainer, self.run_dir.model, info)
 
     def _on_sigint(self, signum: int, frame: Any) -> None:
         # First Ctrl-C: stop at the next step boundary; a second one interrupts at once.

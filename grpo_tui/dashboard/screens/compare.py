@@ -52,7 +52,7 @@ def load_compare(a: Path, b: Path) -> CompareData:
 
 
 def comparison_table(data: CompareData) -> Table:
-    """Rows: per-phase peak, run peak, median step time, final reward, steps, loss impls."""
+    """Rows: per-phase peak, run peak, median step time, final reward, held-out reward before → after, steps, loss impls."""
     a, b = data.table.rows
     table = Table(expand=True, box=None, header_style="bold", pad_edge=False)
     table.add_column("")
@@ -79,6 +79,11 @@ def comparison_table(data: CompareData) -> Table:
     row("peak · run", a.run_peak_mib, b.run_peak_mib, mib)
     row("step time (median)", a.median_step_time_s, b.median_step_time_s, lambda v: f"{v:.3f} s")
     row("final reward", a.final_reward, b.final_reward, lambda v: f"{v:.3f}", lower_is_better=False)
+    for name in dict.fromkeys([*a.heldout, *b.heldout]):  # eval.json's held-out scores, when there are some
+        pa, pb = a.heldout.get(name), b.heldout.get(name)
+        cells = [f"{p[0]:.3f} → {p[1]:.3f}" if p is not None else "n/a" for p in (pa, pb)]
+        delta = f"{pb[1] - pa[1]:+.3f}" if pa is not None and pb is not None else ""
+        table.add_row(f"held-out {name}", *cells, delta)
     table.add_row("steps", str(a.steps), str(b.steps), "")
     table.add_row("loss impl", " → ".join(a.loss_impls) or "?", " → ".join(b.loss_impls) or "?", "")
     return table

@@ -55,6 +55,7 @@ class DashboardScreen(Screen[None]):
         Binding("home", "step(-1000000000)", "First step", show=False, id="dashboard.step.first"),
         Binding("end", "step(1000000000)", "Newest step", show=False, id="dashboard.step.last"),
         Binding("R", "resume", "Resume run", show=False, id="dashboard.resume"),
+        Binding("e", "export", "Export model", show=False, id="dashboard.export"),
         Binding("escape", "leave", "Back", id="dashboard.back"),
     ]
 
@@ -90,6 +91,7 @@ class DashboardScreen(Screen[None]):
     def compose(self) -> ComposeResult:
         yield Header()
         yield Static(id="run-title")
+        yield Static(id="run-product")
         with Horizontal(id="dash-main"):
             with Vertical(id="dash-left"):
                 yield AlertBanner(id="alert-banner")
@@ -202,6 +204,12 @@ class DashboardScreen(Screen[None]):
             ("   loading the full history…" if view.partial else "", "dim"),
         )
         self.query_one("#run-title", Static).update(title, layout=False)  # one line, fixed height
+        product = self.query_one("#run-product", Static)
+        lines = [line for line in (view.product.model_line, view.product.eval_line) if line]
+        product.display = bool(lines)  # the run's product, once it has one: where the model is, did it help
+        if lines:
+            text = Text.assemble((" ", ""), *[(part, style) for part, style in _product_parts(lines)])
+            product.update(text, layout=False)
 
     def _draw_charts(self, view: DashboardView) -> None:
         charts = view.charts
@@ -288,6 +296,31 @@ class DashboardScreen(Screen[None]):
         message = f"{run.name} continues from its last checkpoint"
         call_from_worker(self, self.notify, message, title="Resumed")
 
+    def action_export(self) -> None:
+        """e: the export dialog, then `grpo-tui export` in a child process."""
+        from grpo_tui.dashboard.screens.export import ExportScreen
+
+        product = self.view.product if self.view is not None else None
+        if product is None or product.model is None:
+            self.notify("No model yet: it is saved when the run finishes or stops.", severity="warning")
+            return
+        self.app.push_screen(ExportScreen(self.run_path, product.lora), self._export_chosen)
+
+    def _export_chosen(self, options: Any) -> None:
+        if options is not None:
+            self.notify(f"Exporting to {options.to}…", title="Export")
+            self._export(options)
+
+    @work(thread=True, group="export")
+    def _export(self, options: Any) -> None:
+        from grpo_tui.launch.export import run_export
+
+        outcome = run_export(self.run_path, options)
+        severity = "information" if outcome.ok else "error"
+        call_from_worker(
+            self, self.notify, outcome.line, title="Exported" if outcome.ok else "Not exported", severity=severity
+        )
+
     @work(thread=True, group="control")
     def action_dump_stacks(self) -> None:
         """SIGUSR1 to every rank (launch/stacks.py): each prints its threads' stacks into stdout.log."""
@@ -337,3 +370,10 @@ class DashboardScreen(Screen[None]):
     def on_unmount(self) -> None:
         self._stop_event.set()
         self.workers.cancel_group(self, "dashboard-feed")
+
+
+def _product_parts(lines: list[str]) -> list[tuple[str, str]]:
+    parts: list[tuple[str, str]] = []
+    for i, line in enumerate(lines):
+        parts += [("   " if i else "", ""), (line, "bold green" if line.startswith("held-out") else "cyan")]
+    return parts + [("   e export", "dim")]

@@ -14,6 +14,7 @@ from textual.widgets import DataTable
 from grpo_tui.dashboard.runs_location import runs_location
 from grpo_tui.dashboard.runs_watch import RunsWatcher
 from grpo_tui.runs.listing import RunInfo
+from grpo_tui.runs.model_dir import human_bytes
 from grpo_tui.runs.status import status_style
 
 # Seconds between looks at the runs folder (a stat per file; only changed runs are re-read).
@@ -47,6 +48,7 @@ class RunsTable(DataTable):
         self.add_column("reward", key="reward")
         self.add_column("loss", key="loss")
         self.add_column("impl", key="impl")
+        self.add_column("disk", key="disk")
         self.add_column("started", key="started")
         self.set_interval(REFRESH_S, self._tick)
 
@@ -102,6 +104,7 @@ class RunsTable(DataTable):
             reward,
             loss,
             run.loss_impl or "—",
+            human_bytes(run.disk_bytes),
             started,
         ]
 
