@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import shutil
 import tempfile
 import tomllib
@@ -20,7 +21,7 @@ from pathlib import Path
 
 import pytest
 import tomli_w
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from grpo_tui.cli import main
@@ -81,6 +82,14 @@ def assert_one_line_refusal(code: int, err: str, prefix: str) -> None:
         assert lines[0].startswith(prefix) and len(lines[0]) <= LINE_LIMIT, lines[0][:300]
 
 
+def inside(folder: Path, text: str) -> Path:
+    """`folder / text` with `text` kept inside `folder`: a leading slash dropped, and any path that would still
+    leave it (through "..") not tried."""
+    target = folder / text.lstrip("/")
+    assume("\x00" in text or os.path.normpath(target).startswith(str(folder)))
+    return target
+
+
 def leftovers(parent: Path) -> list[str]:
     return [p.name for p in parent.iterdir() if ".tmp-" in p.name or ".old-" in p.name] if parent.is_dir() else []
 
@@ -104,7 +113,8 @@ texts = st.one_of(
 )
 def test_fuzz_export_flags(root: Path, which: str, to: str, dtype, checkpoint, merged, force, extra) -> None:
     with tempfile.TemporaryDirectory(dir=root) as folder:
-        target = Path(folder) / to if to else Path(to)
+        # Never outside the temporary folder: --force replaces what it is pointed at
+        target = inside(Path(folder), to) if to else Path(to)
         argv = ["export", str(root / which), f"--to={target}", *extra]
         argv += [f"--dtype={dtype}"] if dtype is not None else []
         argv += [f"--checkpoint={checkpoint}"] if checkpoint is not None else []
@@ -156,7 +166,8 @@ def test_fuzz_hostile_model_folders_through_export(root: Path, which: str, files
 @given(flag=st.sampled_from(["--delete", "--prune"]), path=texts, yes=st.booleans(), files=st.booleans())
 def test_fuzz_runs_delete_and_prune(root: Path, flag: str, path: str, yes: bool, files: bool) -> None:
     with tempfile.TemporaryDirectory(dir=root) as folder:
-        target = Path(folder) / path if path else Path(folder)
+        # Never outside the temporary folder: these commands delete what they are pointed at
+        target = inside(Path(folder), path)
         if files and path and "\x00" not in path:
             try:
                 target.mkdir(parents=True, exist_ok=True)

@@ -94,3 +94,43 @@ def test_cli_asks_for_yes_off_a_terminal(tmp_path: Path, capsys: pytest.CaptureF
     assert cli.main(["runs", "--delete", str(tmp_path / "missing"), "--yes"]) == 2
     assert "not a run folder" in capsys.readouterr().err
     assert cli.main(["runs", "--yes"]) == 2
+
+
+@pytest.mark.parametrize("verb", [delete_run, prune_run])
+def test_a_folder_holding_more_than_a_run_is_never_touched(tmp_path: Path, verb) -> None:
+    # A run.json alone does not make a run folder: `runs --delete /` once took a machine's /etc with it
+    folder = tmp_path / "project"
+    folder.mkdir()
+    (folder / "run.json").write_text("{}")
+    (folder / "checkpoints").mkdir()
+    (folder / "model").mkdir()
+    (folder / "notes.txt").write_text("mine")
+    with pytest.raises(HousekeepingError, match="holds 'notes.txt', which no run writes"):
+        verb(folder)
+    assert sorted(p.name for p in folder.iterdir()) == ["checkpoints", "model", "notes.txt", "run.json"]
+
+
+def test_home_mount_points_and_the_current_folder_are_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    run = make_recorded_run(tmp_path / "20260101-000000-tiny-cpu", steps=2).path
+    monkeypatch.setenv("HOME", str(run))
+    with pytest.raises(HousekeepingError, match="the home folder"):
+        delete_run(run)
+    monkeypatch.setenv("HOME", str(tmp_path / "elsewhere"))
+    monkeypatch.chdir(run)
+    with pytest.raises(HousekeepingError, match="the current folder"):
+        delete_run(run)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(os.path, "ismount", lambda path: Path(path) == run)
+    with pytest.raises(HousekeepingError, match="a file system root"):
+        delete_run(run)
+    monkeypatch.undo()
+    assert run.is_dir()
+
+
+def test_what_runs_write_beside_their_files_does_not_block_a_delete(tmp_path: Path) -> None:
+    run = make_recorded_run(tmp_path / "20260101-000000-tiny-cpu", steps=2).path
+    _with_files(run, checkpoints=1)
+    for name in ("heartbeat-rank0.json", "run.lock", "profile-step3.txt", ".metrics.jsonl.tmp-1", "slurm-42.log"):
+        (run / name).write_text("")
+    delete_run(run)
+    assert not run.exists()

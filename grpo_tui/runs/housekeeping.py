@@ -1,11 +1,15 @@
 """Disk use of run folders, and freeing it: delete a run, or prune it (drop its checkpoints, keep model/).
 
 Used by `grpo-tui runs --delete/--prune` and the app's runs screen (which asks first). A run that is
-starting or running is refused: its trainer writes into the folder.
+starting or running is refused: its trainer writes into the folder. So is any folder holding something a run
+does not write (a run.json alone does not make a run folder): a delete removes the whole tree, and a path
+typed by mistake (`/`, a home folder, a project) must not go with it.
 """
 
 from __future__ import annotations
 
+import fnmatch
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -18,6 +22,37 @@ from grpo_tui.runs.status import LIVE_STATES, judge
 
 class HousekeepingError(ValueError):
     """A delete or prune that was refused (one user-facing line)."""
+
+
+# What a run folder holds (runs/folder.py, the trainer, the SLURM script); dot-files are the atomic writers'
+# temporary files and the final save's staging folders.
+RUN_ENTRIES = (
+    "config.toml",
+    "accelerate.yaml",
+    "command.json",
+    "stdout.log",
+    "metrics.jsonl",
+    "completions.jsonl",
+    "control.json",
+    "run.json",
+    "run.lock",
+    "checkpoints",
+    "model",
+    "eval.json",
+    "job.sbatch",
+    "slurm-*.log",
+    "heartbeat*.json",
+    "profile-step*.txt",
+    ".*",
+)
+
+
+def foreign_entry(folder: Path) -> str | None:
+    """The name of an entry of `folder` that no run writes (None: every entry is a run's)."""
+    for entry in os.scandir(folder):
+        if not any(fnmatch.fnmatchcase(entry.name, pattern) for pattern in RUN_ENTRIES):
+            return entry.name
+    return None
 
 
 class Freed(NamedTuple):
@@ -35,6 +70,15 @@ def checked_run(path: Path) -> RunDir:
     run = RunDir(Path(path).resolve())
     if not run.is_run:
         raise HousekeepingError(f"{path}: not a run folder (no run.json or metrics.jsonl)")
+    home = Path(os.path.expanduser("~")).resolve()
+    if os.path.ismount(run.path) or run.path == home or Path.cwd().resolve().is_relative_to(run.path):
+        raise HousekeepingError(f"{path}: a file system root, the home folder or the current folder, not a run folder")
+    try:
+        foreign = foreign_entry(run.path)
+    except OSError as exc:
+        raise HousekeepingError(f"{path}: cannot list it ({exc.strerror or exc})") from None
+    if foreign is not None:
+        raise HousekeepingError(f"{path}: holds {foreign!r}, which no run writes; not a run folder (remove it by hand)")
     state = judge(run.path).state
     if state in LIVE_STATES:
         raise HousekeepingError(f"{run.name}: the run is {state}; stop it first (grpo-tui control {path} --stop)")

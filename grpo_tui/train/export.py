@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from grpo_tui.config.types import MAX_LINE, clip
 from grpo_tui.runs.folder import RunDir
 from grpo_tui.runs.model_dir import (
     KIND_FULL,
@@ -41,7 +42,8 @@ class OneLineParser(argparse.ArgumentParser):
     """argparse that refuses bad flags in one line (`prog: message`), without the usage block."""
 
     def error(self, message: str) -> Any:
-        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+        # argparse echoes the offending arguments: a newline or control character in one must not split the line
+        self.exit(2, f"{self.prog}: {clip(message, MAX_LINE)} (see {self.prog} --help)\n")
 
 
 class ExportError(ValueError):
