@@ -52,7 +52,7 @@ def check_preset(preset: Preset, environment: bool = True, visible_gpus: int | N
     row = first_row(preset.data.source)
     _check_data(preset, result, row)
     _check_rewards(preset, result, row)
-    result.errors += eval_errors(preset)
+    result.errors += eval_errors(preset, HUB_ID_RE)
     if environment:
         result.errors += environment_errors(preset, visible_gpus)
     return result

@@ -3,6 +3,7 @@ exist, would otherwise surface only when the run has finished training."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from grpo_tui.config.schema import Preset
@@ -10,16 +11,14 @@ from grpo_tui.config.types import shorten
 from grpo_tui.tasks.data import BUILTIN_ADDITION, LOCAL_SUFFIXES
 from grpo_tui.tasks.rewards import REWARDS
 
-# Hub ids look like owner/name (the same form data.source accepts).
 _ALLOWED = (
     "empty (rows of data.source), builtin:addition, a hub id (openai/gsm8k), or a local .jsonl/.json/.parquet file"
 )
 
 
-def eval_errors(preset: Preset) -> list[str]:
-    """One line per problem of `preset.eval` (dotted path, value, what is allowed)."""
-    from grpo_tui.config.checks import HUB_ID_RE
-
+def eval_errors(preset: Preset, hub_id: re.Pattern[str]) -> list[str]:
+    """One line per problem of `preset.eval` (dotted path, value, what is allowed); `hub_id` matches the
+    hub ids data.source accepts."""
     errors = []
     source = preset.eval.source
     if source:
@@ -34,7 +33,7 @@ def eval_errors(preset: Preset) -> list[str]:
                 found = False
             if not found:
                 errors.append(f"eval.source: got {shorten(source)}; no such file")
-        elif source.startswith(("/", "./", "../", "~")) or not HUB_ID_RE.match(source):
+        elif source.startswith(("/", "./", "../", "~")) or not hub_id.match(source):
             errors.append(f"eval.source: got {shorten(source)}; allowed: {_ALLOWED}")
     for index, name in enumerate(preset.eval.rewards):
         if ":" not in name and name not in REWARDS:

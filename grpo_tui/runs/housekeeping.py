@@ -15,9 +15,13 @@ import sys
 from pathlib import Path
 from typing import NamedTuple
 
+from grpo_tui.config.types import clip
 from grpo_tui.runs.folder import RunDir
 from grpo_tui.runs.model_dir import folder_bytes, human_bytes
 from grpo_tui.runs.status import LIVE_STATES, judge
+
+# Characters of a refusal line: it names up to two paths, each of which may be long.
+MESSAGE_LIMIT = 600
 
 
 class HousekeepingError(ValueError):
@@ -140,7 +144,8 @@ def tidy_command(target: Path, delete: bool, yes: bool) -> int:
         if not yes:
             if not sys.stdin.isatty():
                 print(
-                    f"grpo-tui runs: {what}: nothing removed; pass --yes to confirm without a terminal", file=sys.stderr
+                    f"grpo-tui runs: {clip(str(what))}: nothing removed; pass --yes to confirm without a terminal",
+                    file=sys.stderr,
                 )
                 return 2
             question = f"{'delete' if delete else 'prune'} {what} ({human_bytes(folder_bytes(what))})? [y/N] "
@@ -149,7 +154,7 @@ def tidy_command(target: Path, delete: bool, yes: bool) -> int:
                 return 0
         freed = delete_run(run.path) if delete else prune_run(run.path)
     except HousekeepingError as exc:
-        print(f"grpo-tui runs: {exc}", file=sys.stderr)
+        print(f"grpo-tui runs: {clip(str(exc), MESSAGE_LIMIT)}", file=sys.stderr)
         return 2
     print(freed.line("deleted" if delete else "pruned"))
     return 0

@@ -19,9 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from grpo_tui.config.schema import Preset
+from grpo_tui.config.types import clip
 from grpo_tui.runs.folder import RunDir, write_json_atomic
 from grpo_tui.runs.model_dir import KIND_LORA, read_info
-from grpo_tui.train.export import OneLineParser
+from grpo_tui.train.export import MESSAGE_LIMIT, OneLineParser
 
 
 class EvalError(ValueError):
@@ -196,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise EvalError("--device cuda: no CUDA device here")
         result = evaluate_run(run, preset, device)
     except EvalError as exc:
-        print(f"grpo-tui eval: {exc}", file=sys.stderr)
+        print(f"grpo-tui eval: {clip(str(exc), MESSAGE_LIMIT)}", file=sys.stderr)
         return 2
     print(f"{result['prompts']} held-out prompts ({result['mode']}), before → after:")
     for line in summary_lines(result):

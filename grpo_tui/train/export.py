@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from grpo_tui.config.types import MAX_LINE, clip
+from grpo_tui.config.types import clip
 from grpo_tui.runs.folder import RunDir
 from grpo_tui.runs.model_dir import (
     KIND_FULL,
@@ -38,12 +38,15 @@ ADAPTER_CONFIG = "adapter_config.json"
 MODEL_MARKERS = ("config.json", ADAPTER_CONFIG, MODEL_INFO)
 
 
+# Characters of a refusal line (paths in it escaped onto one printable line by `clip`).
+MESSAGE_LIMIT = 600
+
+
 class OneLineParser(argparse.ArgumentParser):
     """argparse that refuses bad flags in one line (`prog: message`), without the usage block."""
 
     def error(self, message: str) -> Any:
-        # argparse echoes the offending arguments: a newline or control character in one must not split the line
-        self.exit(2, f"{self.prog}: {clip(message, MAX_LINE)} (see {self.prog} --help)\n")
+        self.exit(2, f"{self.prog}: {clip(message, MESSAGE_LIMIT)} (see {self.prog} --help)\n")
 
 
 class ExportError(ValueError):
@@ -235,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         written = export(request)
     except ExportError as exc:
-        print(f"grpo-tui export: {exc}", file=sys.stderr)
+        print(f"grpo-tui export: {clip(str(exc), MESSAGE_LIMIT)}", file=sys.stderr)
         return 2
     print(f"wrote {describe(written)}")
     for path in sorted(written.iterdir()):
