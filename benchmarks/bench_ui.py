@@ -33,14 +33,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from grpo_tui.dashboard.loading import load_recent, load_run
+from grpo_tui.dashboard.monitor import Monitor
+from grpo_tui.dashboard.state import RunState
+from grpo_tui.runs import metrics
+from grpo_tui.tools.demo import make_run
 
-from grpo_tui.dashboard.loading import load_recent, load_run  # noqa: E402 - after sys.path.insert: runs from a checkout without an install
-from grpo_tui.dashboard.monitor import Monitor  # noqa: E402 - after sys.path.insert: runs from a checkout without an install
-from grpo_tui.dashboard.state import RunState  # noqa: E402 - after sys.path.insert: runs from a checkout without an install
-from grpo_tui.runs import metrics  # noqa: E402 - after sys.path.insert: runs from a checkout without an install
-from grpo_tui.tools.demo import make_run  # noqa: E402 - after sys.path.insert: runs from a checkout without an install
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _timed(fn: Any, repeats: int) -> tuple[dict[str, float], Any]:

@@ -27,12 +27,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+import psutil
+
+from grpo_tui.tools.demo import make_run
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-import psutil  # noqa: E402 - after sys.path.insert: runs from a checkout without an install
-
-from grpo_tui.tools.demo import make_run  # noqa: E402 - after sys.path.insert: runs from a checkout without an install
 
 SIZE = (150, 48)
 STEP_RE = re.compile(r"step (\d+)/")

@@ -22,11 +22,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # step_times, run as a script or loaded by file
+from step_times import mean_step, peak_mib, pick_steps
 
-from step_times import mean_step, peak_mib, pick_steps  # noqa: E402 - after sys.path.insert
-
-from grpo_tui.runs.metrics import (  # noqa: E402
+from grpo_tui.runs.metrics import (
     COPY_REFRESH_KEY,
     DECODE_COPY_KEY,
     GENERATION_BACKEND_KEY,

@@ -31,10 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # its sibling modules, run as a script or loaded by file
-
-from sampling_check import mean_logprob, sampling_match, standard_error  # noqa: E402 - after sys.path.insert
+from sampling_check import mean_logprob, sampling_match, standard_error
 
 # graph first: fastest; static last: compiles, may hit the budget. Also graph-hf, graph-plain and NAME@sdpa (see
 # Backend).

@@ -45,7 +45,7 @@ for phase in "$@"; do
         --budget-s ${GEN_BUDGET:-200} ${GEN_ARGS:-} --out "$OUT/generation" 2>&1 | tail -24
       ;;
     kernel)
-      timeout 330 python3 -m grpo_kernels.bench ${KERNEL_ARGS:---batch 8,32,64} --out "$OUT/kernel-h200.json" 2>&1 | tail -30
+      timeout 330 python3 benchmarks/kernel/bench.py ${KERNEL_ARGS:---batch 8,32,64} --out "$OUT/kernel-h200.json" 2>&1 | tail -30
       ;;
     memory)
       build_model || exit 1

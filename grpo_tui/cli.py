@@ -25,7 +25,6 @@ class Passthrough(NamedTuple):
 
 
 PASSTHROUGH: dict[tuple[str, ...], Passthrough] = {
-    ("bench", "kernel"): Passthrough("grpo_kernels.bench", "main", "time the fused kernel against its peers (CUDA)"),
     ("bench", "memory"): Passthrough(
         "grpo_tui.tools.bench_memory", "main", "whole-step peak memory and time per loss implementation"
     ),
@@ -162,14 +161,18 @@ def build_parser() -> argparse.ArgumentParser:
     for words, target in PASSTHROUGH.items():
         if len(words) == 1:
             sub.add_parser(words[0], help=f"{target.summary} (options: grpo-tui {words[0]} --help)", add_help=False)
-    sub.add_parser("bench", help="`bench kernel ...` or `bench memory ...`", add_help=False)
+    sub.add_parser("bench", help="`bench memory ...`", add_help=False)
     return parser
 
 
 def _passthrough(argv: list[str]) -> int | None:
     """Run a subcommand owned by another module, or None when argv is not one of them."""
     if argv and argv[0] == "bench" and (len(argv) < 2 or ("bench", argv[1]) not in PASSTHROUGH):
-        print("grpo-tui bench: expected `bench kernel ...` or `bench memory ...`", file=sys.stderr)
+        print(
+            "grpo-tui bench: expected `bench memory ...` (the kernel benchmark, once `bench kernel`, is "
+            "benchmarks/kernel/bench.py in a checkout)",
+            file=sys.stderr,
+        )
         return EXIT_USAGE
     for words, entry in PASSTHROUGH.items():
         if tuple(argv[: len(words)]) == words:

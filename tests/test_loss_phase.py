@@ -21,7 +21,7 @@ from grpo_tui.runs.folder import RunDir
 from grpo_tui.train import assemble, loss_phase
 from grpo_tui.train.loss_phase import LossPhaseMixin, merge_metric, slice_bounds, slice_inputs, slice_share
 
-TINY_PRESET = Path(__file__).resolve().parents[1] / "presets" / "tiny-cpu.toml"
+TINY_PRESET = Path(__file__).resolve().parents[1] / "presets" / "grpo_tui_presets" / "tiny-cpu.toml"
 # Two steps on one generation (num_iterations 2), so step 2 is off-policy; tight clipping makes the clip
 # metrics non-zero there, beta > 0 gives a KL to log. 8 sequences per device, sliced 3, 3, 2.
 BASE = {

@@ -15,7 +15,7 @@ from grpo_tui.runs.metrics import read_records, step_records
 from grpo_tui.train import entry
 from grpo_tui.train.assemble import build_trainer
 
-TINY_PRESET = Path(__file__).resolve().parents[1] / "presets" / "tiny-cpu.toml"
+TINY_PRESET = Path(__file__).resolve().parents[1] / "presets" / "grpo_tui_presets" / "tiny-cpu.toml"
 # fp32 on the CPU: the three implementations differ only in summation order (~1e-7 relative); the
 # absolute floor covers losses that are a cancellation of near-equal terms (|loss| ~ 1e-8).
 REL, ABS = 1e-4, 1e-6

@@ -114,7 +114,7 @@ TRL_CONTRACT: dict[str, Coupling] = {
 }
 
 # Where couplings can hide: every private TRL name these files use must be in TRL_CONTRACT.
-SCANNED = [*sorted((ROOT / "grpo_tui").rglob("*.py")), *sorted((ROOT / "kernels").glob("*.py"))]
+SCANNED = [*sorted((ROOT / "grpo_tui").rglob("*.py")), *sorted((ROOT / "kernels" / "grpo_kernels").glob("*.py"))]
 SCANNED += sorted((ROOT / "benchmarks").glob("*.py"))
 
 

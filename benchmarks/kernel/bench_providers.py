@@ -11,9 +11,9 @@ from collections.abc import Callable
 
 import torch
 
-from .functional import fused_linear_grpo_loss, selective_logprobs
-from .loss_math import per_token_loss, token_weights
-from .reference import reference_grpo_loss, reference_logprobs
+from grpo_kernels.functional import fused_linear_grpo_loss, selective_logprobs
+from grpo_kernels.loss_math import per_token_loss, token_weights
+from grpo_kernels.reference import reference_grpo_loss, reference_logprobs
 
 PROVIDERS = ("floor", "naive", "trl", "liger", "chunked", "chunked-lean")
 MIB = 2**20

@@ -1,13 +1,13 @@
 """Padded mode of the kernel benchmark: real GRPO batches, where part of every [B, T] batch is padding.
 
-Run: `python -m grpo_kernels.bench --padding 0,25,50,75 --valid-tokens 4096,16384,32768 --scoring --out p.json`.
+Run: `python benchmarks/kernel/bench.py --padding 0,25,50,75 --valid-tokens 4096,16384,32768 --scoring --out p.json`.
 Each case holds a fixed number of *valid* tokens; padding adds positions around them. Completion lengths are
 drawn per sequence (fixed seed) from Beta(4 mu, 4 (1 - mu)) scaled to [1, T], a bounded distribution whose
 mean mu (T - 1) + 1 = (1 - padding) T, then nudged by single tokens so they sum to the valid count exactly;
 masks are right padding (TRL's completion mask). `--lengths` adds one case from a real run: a JSON list of
 lengths (drawn from with replacement), or a run's metrics.jsonl, whose per-step `completions/mean_length`
 (or `completion_length`) gives the mean of the same Beta draw (the stream has no per-sequence lengths).
-Providers, timed as in `bench.measure`: floor (the GEMMs over the valid tokens only), trl (TRL 1.16's fused
+Providers, timed as in `timing.measure`: floor (the GEMMs over the valid tokens only), trl (TRL 1.16's fused
 head as its trainer calls it: valid rows only, labels -100 at padding), chunked, chunked-lean, naive
 (materialised logits over every position); loss + backward, and with `--scoring` no-grad scoring (floor:
 the logits GEMM; ours: `selective_logprobs(..., mask=)`; lean is loss-only). `--scoring-chunks 256,512,1536`
@@ -23,9 +23,9 @@ import math
 import random
 import sys
 
+import bench_providers
+import timing
 import torch
-
-from . import bench, bench_providers
 
 PADDED_PROVIDERS = ("floor", "trl", "chunked", "chunked-lean", "naive")
 # Beta concentration a + b of the length draw: 4 spreads lengths over most of [1, T] at every mean
@@ -103,7 +103,7 @@ def cases(args: argparse.Namespace) -> list[dict]:
     """The (valid tokens, padding) cases to time: each with its label and lengths."""
     out = []
     mean, pool = lengths_from_file(args.lengths) if args.lengths else (None, None)  # read once
-    for n_valid in bench.int_list(args.valid_tokens, "--valid-tokens"):
+    for n_valid in timing.int_list(args.valid_tokens, "--valid-tokens"):
         for pct in _percent_list(args.padding):
             lengths = draw_lengths(n_valid, args.seq, args.seq * (1 - pct / 100), seed=args.seed)
             out.append({"valid_tokens": n_valid, "padding": f"{pct}%", "lengths": lengths})
@@ -133,7 +133,7 @@ def table(records: list[dict]) -> str:
     for key in keys:
         floor = get.get((*key, "floor"), {}).get("ms")
         trl = get.get((*key, "trl"), {}).get("ms")
-        cells = [bench.cell(p, get.get((*key, p)), floor, trl) for p in provs]
+        cells = [timing.cell(p, get.get((*key, p)), floor, trl) for p in provs]
         timed = [r for p in provs if (r := get.get((*key, p))) is not None and r.get("ms") is not None]
         shape = f" ({timed[-1]['padding_frac']:.1%} of {timed[-1]['batch']} x {timed[-1]['seq']})" if timed else ""
         label = key[2] if key[2] != "real" else "real lengths"
@@ -151,14 +151,14 @@ def main(args: argparse.Namespace, argv: list[str] | None) -> int:
         if args.reps <= 0:
             raise ValueError("--reps/--liger-reps: expected a positive integer")
         todo = cases(args)
-        scoring_chunks = bench.int_list(args.scoring_chunks, "--scoring-chunks")
+        scoring_chunks = timing.int_list(args.scoring_chunks, "--scoring-chunks")
         if scoring_chunks and not args.scoring:
             raise ValueError("--scoring-chunks: needs --scoring")
     except (ValueError, OSError) as exc:
         print(str(exc).splitlines()[0], file=sys.stderr)
         return 2
     if not torch.cuda.is_available():
-        print("grpo-tui bench kernel: needs a CUDA GPU (none found)", file=sys.stderr)
+        print("benchmarks/kernel/bench.py: needs a CUDA GPU (none found)", file=sys.stderr)
         return 2
     modes = ("loss", "scoring") if args.scoring else ("loss",)
     records, checks = [], []
@@ -179,12 +179,12 @@ def main(args: argparse.Namespace, argv: list[str] | None) -> int:
                     make = functools.partial(bench_providers.loss_fn, provider, inp, args.beta, chunk)
                 else:
                     make = functools.partial(bench_providers.score_fn, provider, inp, chunk)
-                rec.update(reps=args.reps, **bench.timed(make, inp, args.reps))
+                rec.update(reps=args.reps, **timing.timed(make, inp, args.reps))
                 records.append(rec)
                 print(json.dumps(rec), flush=True)
         if not args.no_check:
             try:
-                checks.append({**case, **bench.check(inp, args.beta, args.chunk_tokens)})
+                checks.append({**case, **timing.check(inp, args.beta, args.chunk_tokens)})
             except torch.cuda.OutOfMemoryError:  # naive over every position: too big at high padding
                 checks.append({**case, "error": "OOM"})
             print(json.dumps(checks[-1]), flush=True)
@@ -192,5 +192,5 @@ def main(args: argparse.Namespace, argv: list[str] | None) -> int:
         torch.cuda.empty_cache()
     distribution = f"Beta({LENGTH_CONCENTRATION:g} mu, {LENGTH_CONCENTRATION:g} (1 - mu)) on [1, T]"
     lengths = {"distribution": distribution, "seed": args.seed, "file": args.lengths}
-    result = {**bench.header(argv, args), "reps": args.reps, "lengths": lengths, "records": records, "checks": checks}
-    return bench.finish(result, args.out, table(records))
+    result = {**timing.header(argv, args), "reps": args.reps, "lengths": lengths, "records": records, "checks": checks}
+    return timing.finish(result, args.out, table(records))

@@ -1,9 +1,9 @@
 """Where a head call's time goes: device busy vs idle, kernels per call, and the host's hot spots.
 
-    python benchmarks/kernel_profile.py [--cases loss:32768:0,scoring:4096:75] [--providers chunked,trl] --out DIR
+    python benchmarks/kernel/kernel_profile.py [--cases loss:32768:0,scoring:4096:75] [--providers chunked,trl] --out DIR
 
 A case is MODE:VALID_TOKENS:PADDING% (mode loss = loss + backward, scoring = no-grad log-probs), built as
-`python -m grpo_kernels.bench --padding` builds it (same length draw and seed, T = 512, Qwen3-0.6B's
+`python benchmarks/kernel/bench.py --padding` builds it (same length draw and seed, T = 512, Qwen3-0.6B's
 H = 1024 and V = 151,936). Per case and provider, after warm-up: the mean wall time of a call (CUDA events),
 one torch.profiler pass over `--calls` calls (the union of kernel intervals = the device's busy time; the
 rest of the wall time is idle: launch gaps, host-bound stretches, the call's host sync), and one cProfile
@@ -25,9 +25,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+import bench_padded
+import bench_providers
+import timing
 import torch
 
-from grpo_kernels import bench, bench_padded, bench_providers
 from grpo_tui.runs.failures import labelled_failure
 
 MODES = ("loss", "scoring")
@@ -109,12 +111,12 @@ def host_profile(call: Any, calls: int, cuda: bool) -> str:
 
 
 def make_call(mode: str, provider: str, inp: dict) -> Any:
-    """One call of `provider` on `inp` as `grpo_kernels.bench` times it: the loss and its backward, or scoring."""
+    """One call of `provider` on `inp` as `benchmarks/kernel/bench.py` times it: the loss and its backward, or scoring."""
     if mode == "scoring":
         step = bench_providers.score_fn(provider, inp)
     else:
         step = bench_providers.loss_fn(provider, inp, beta=0.04)
-    return functools.partial(bench.run_step, step, inp)
+    return functools.partial(timing.run_step, step, inp)
 
 
 def wall_ms(call: Any, reps: int, cuda: bool) -> float:
@@ -213,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
         json.dumps(
             {
                 "command": " ".join(
-                    ["python", "benchmarks/kernel_profile.py", *(sys.argv[1:] if argv is None else argv)]
+                    ["python", "benchmarks/kernel/kernel_profile.py", *(sys.argv[1:] if argv is None else argv)]
                 ),
                 "rows": rows,
             },
