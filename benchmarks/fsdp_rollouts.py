@@ -200,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
         type=Path,
         nargs="*",
         default=[],
-        help="earlier results of this script on the same machine (one device call holds only so many runs): their "
+        help="earlier results of this script on the same machine (one machine session holds only so many runs): their "
         "rows come first and their commands are kept beside this one",
     )
     parser.add_argument(

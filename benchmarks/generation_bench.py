@@ -345,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
     with torch.no_grad():  # the default stream's cuBLAS workspace, which a trainer's forwards made long before
         model(input_ids=torch.tensor([prompts[0]], device=device))
     result: dict[str, Any] = {
-        "what": "issue 13: rollout tokens/s per grpo.generation_backend, sampling check, bandwidth bound",
+        "what": "rollout tokens/s per grpo.generation_backend, sampling check, bandwidth bound",
         "command": " ".join(
             ["python", "benchmarks/generation_bench.py", *(argv if argv is not None else sys.argv[1:])]
         ),

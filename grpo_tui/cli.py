@@ -126,6 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
     show = psub.add_parser("show", help="the resolved preset (defaults filled) and its launch command")
     show.add_argument("preset", help="preset name or path to a .toml file")
     add_set_option(show)
+    show.add_argument("--explain", action="store_true", help="also each field's value with its description")
     show.set_defaults(handler=_cmd_presets_show)
     validate = psub.add_parser("validate", help="check preset files; exit 2 with one line per problem")
     validate.add_argument("files", nargs="+", help="preset names or .toml files")
@@ -275,6 +276,10 @@ def _cmd_presets_show(args: argparse.Namespace) -> int:
     run_dir = Path(preset.logging.runs_dir) / f"<timestamp>-{preset.name}"
     print(f"# {path}, resolved (every default filled in)")
     print(dump_preset(preset))
+    if args.explain:
+        from grpo_tui.config.reference import explain
+
+        print("# every field, with its description:\n" + "\n".join(f"#   {line}" for line in explain(preset)))
     print("# launch command:")
     print("#   " + format_command(build_launch_command(preset, run_dir), launch_env(preset)))
     if preset.distributed.num_machines > 1:

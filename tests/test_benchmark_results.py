@@ -57,3 +57,29 @@ def test_docs_benchmarks_md_is_current(results_doc) -> None:
         "docs/benchmarks.md is out of date: run python benchmarks/results_doc.py"
     )
     assert results_doc.main(["--check"]) == 0
+
+
+ENTRY_POINTS = sorted(
+    str(p.relative_to(ROOT))
+    for p in (ROOT / "benchmarks").rglob("*.py")
+    if "results" not in p.parts and 'if __name__ == "__main__":' in p.read_text(encoding="utf-8")
+)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script", ENTRY_POINTS)
+def test_each_benchmark_script_documents_itself_with_help(script: str) -> None:
+    """Every script under benchmarks/ is an entry point that explains itself (from a checkout, installed or not)."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, script, "--help"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "usage:" in out.stdout
+
+
+def test_the_benchmark_scripts_are_all_entry_points() -> None:
+    library = {"bench_providers.py", "timing.py", "bench_padded.py", "sampling_check.py", "step_times.py"}
+    scripts = {Path(s).name for s in ENTRY_POINTS}
+    stray = sorted(p.name for p in (ROOT / "benchmarks").rglob("*.py") if p.name not in scripts | library)
+    assert stray == [], f"benchmark modules that are neither an entry point nor a module the scripts share: {stray}"

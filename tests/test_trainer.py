@@ -89,7 +89,7 @@ def test_switch_and_malformed_control(tiny_model_path: Path, tmp_path: Path, imp
     assert [r["loss_impl"] for r in steps] == ["chunked", "naive", "naive", "naive"]
     switches = [e for e in events if e["event"] == "loss_impl_switch"]
     # The event names the first step computed with the new implementation, and comes after the
-    # record of the step before it: a reader never sees the implementation flip back (issue 15 item 1).
+    # record of the step before it: a reader never sees the implementation flip back.
     assert switches == [{**switches[0], "step": 2, "from": "chunked", "to": "naive"}]
     order = [(r.get("event") or "step", r.get("step"), r.get("loss_impl")) for r in read_records(run.metrics)]
     at = order.index(("loss_impl_switch", 2, None))

@@ -65,7 +65,7 @@ def state_summary(samples: list[tuple[float, float] | None]) -> dict:
     """{sm_mhz, power_w}: medians over a provider's reps, {} when none was read.
 
     An H200 running these GEMMs sits at its power limit (700 W), where the SM clock moves with the work and with
-    what ran just before (1.1-1.9 GHz against 1.98 in one run: `benchmarks/results/h200-2026-12-03h/`): these say
+    what ran just before (1.1-1.9 GHz against 1.98 in `benchmarks/results/kernel-padded-h200/`): these say
     under which clock each provider's time was taken.
     """
     got = [s for s in samples if s is not None]

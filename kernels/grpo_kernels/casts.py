@@ -6,6 +6,9 @@ torch runs `torch.mul(acc, grad_output, out=<bf16>)` as its generic elementwise 
 cast on the store: no vectorised path), ~1.3 TB/s on an H200: 0.70 ms per call over Qwen's 152k x 1024 head, a
 fixed cost whatever the token count. This kernel streams the same pass, with the same rounding (the fp32 product
 rounded to nearest-even once), at copy bandwidth.
+
+Times in this file's comments: one chunk's stages, `benchmarks/kernel/bench.py --profile` on an H200, and
+the loss per call, `benchmarks/kernel/bench.py` (results in `benchmarks/results/kernel-*`).
 """
 
 from __future__ import annotations

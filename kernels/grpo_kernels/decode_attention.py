@@ -13,9 +13,9 @@ splits of each (row, head) with the usual log-sum-exp weights.
 Measured on the H200 (bf16, Qwen3-0.6B's 16 query / 8 key-value heads of 128, 300 of 512 slots filled per
 row, in a CUDA graph; `benchmarks/decode_attention_bench.py`): 36.9 us per call at 128 rows against sdpa's
 folded attention (cuDNN) 115.8 us, 119.1 against 418.5 at 512 rows, with the defaults below (the fastest of 108
-settings at 128 rows, 2026-12-03c; 52.9 and 182.8 us before the loop bounds were hoisted from the mask). The
-graph decoder uses it by default. The previous kernel here (one program per (row, kv head), 32-key steps,
-elementwise products) lost to sdpa.
+settings at 128 rows, `benchmarks/results/decode-attention-h200/`; 53.6 and 183.1 us with the loop bounds
+taken from the mask instead of hoisted). The graph decoder uses it by default. One program per (row, kv head)
+with 32-key steps and elementwise products lost to sdpa.
 
 `decode_attention` is a torch custom op, so torch.compile treats it as one opaque call and a CUDA graph
 captures its launches; `decode_attention_torch` is its twin for tests and for devices without Triton.
@@ -38,7 +38,8 @@ BLOCK_KEYS = 64
 # Fewest keys one split covers: shorter splits spend more on the merge than they save
 MIN_SPLIT_KEYS = 64
 # Programs the split rule aims for: 8 per SM of an H200 (132 SMs), so rows and heads alone need not fill it
-# (with the hoisted loop bounds the fastest of 1,056 / 2,112 / 4,224 at 128 and 512 rows, H200 sweep of 2026-12-03)
+# (with the hoisted loop bounds the fastest of 1,056 / 2,112 / 4,224 at 128 and 512 rows on the H200,
+# `benchmarks/results/decode-attention-h200/`)
 TARGET_PROGRAMS = 8 * 132
 # Query rows of a group's tile: tl.dot needs M >= 16 (Qwen3's group is 2)
 MIN_GROUP_PAD = 16

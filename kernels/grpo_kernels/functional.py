@@ -37,13 +37,15 @@ from .rows import Chunk, plan_chunks
 CHUNK_BUFFER_BYTES = 448 * 2**20
 # From this many valid tokens a loss call takes the larger buffer below (C = 2048 at V = 152k): each chunk's dW
 # GEMM then adds a longer product (K = C) into the fp32 accumulator, whose read and write cost the same per
-# chunk (H200, call N: 56.7 vs 59.1 ms at 32k tokens, 28.1 vs 28.9 at 16k). TRL's head holds >= 1,275 MiB from
-# 16k tokens on, ours then ~1,230-1,260 MiB; below, 1,536 rows keep us under its 1,179 MiB at 4k
+# chunk (on the H200 56.7 vs 59.1 ms at 32k tokens, 28.1 vs 28.9 at 16k: `benchmarks/kernel/bench.py
+# --sweep-chunks`). TRL's head holds >= 1,275 MiB from 16k tokens on, ours then ~1,230-1,260 MiB; below, 1,536
+# rows keep us under its 1,179 MiB at 4k
 LARGE_CALL_TOKENS = 16384
 LARGE_CALL_BUFFER_BYTES = 600 * 2**20
 # The same for scoring (`selective_logprobs`; no dW accumulator, so the buffer is nearly the whole extra peak):
 # C = 768 at V = 152k in bf16 (223 MiB), under TRL 1.16's scoring peak at 4k tokens (264 MiB) and still
-# faster than it; 512 rows (149 MiB) measured 2-10% slower than 768 on the H200, behind TRL at 16k-32k tokens
+# faster than it; 512 rows (149 MiB) 2-10% slower than 768 on the H200 (`bench.py --scoring-chunks`), behind TRL
+# at 16k-32k tokens
 SCORING_BUFFER_BYTES = 224 * 2**20
 # Bounds of the default chunk size in rows, and its granularity (whole 256-row GEMM tiles)
 MIN_CHUNK, MAX_CHUNK, CHUNK_STEP = 256, 16384, 256
@@ -81,7 +83,7 @@ class _LossWithGrads(torch.autograd.Function):
     dW and db arrive as the chunk loop's fp32 accumulators (bf16/fp16 leaves unless lean): backward writes
     grad_output * acc straight into the leaf's dtype, one pass and one rounding, where a copy to that dtype
     after the loop and an in-place scale took two passes over the weight (~0.27 + 0.45 ms at V = 152k on the
-    H200). The accumulator now lives until backward in place of that copy: never beside the chunk buffer, and at
+    H200, `benchmarks/kernel/bench.py --profile`). The accumulator now lives until backward in place of that copy: never beside the chunk buffer, and at
     backward it and the result are the same two tensors that the end of the forward held before.
     """
 
@@ -240,7 +242,8 @@ def _fused_linear_grpo_loss(
 
     # The one host sync first: the GEMMs need the counts. The work that needs only the mask (below) is queued
     # once the chunk loop has launched its first chunk's GEMM and pass, so the device works while the host
-    # prepares it (H200, call Q: 21 launches and ~1.2 ms of host time preceded the first GEMM of a bench rep)
+    # prepares it (on the H200 21 launches and ~1.2 ms of host time preceded the first GEMM of a bench rep:
+    # `benchmarks/kernel/kernel_profile.py`)
     counts = valid_counts(completion_ids, valid, vocab, per_sequence=by_sequence)
     chunks = plan_chunks(
         valid.reshape(-1),

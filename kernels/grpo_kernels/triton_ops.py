@@ -28,9 +28,9 @@ except ImportError:  # pragma: no cover - Triton ships with torch on Linux
 
 # Read once at import, as Triton itself does when it decorates the kernels below
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
-# Vocabulary columns per program of `row_stats` (a multiple of its block); one step per program streamed best
-# when each step ended in three block reductions (on an H200, 16384-column segments in 2048-wide steps reached
-# only 1.4 TB/s); the lanes' steps now have none, so longer segments are worth timing again
+# Vocabulary columns per program of `row_stats` (a multiple of its block); one step per program streamed best when
+# each step ended in three block reductions (`bench.py --profile`, H200: 16384-column segments in 2048-wide steps
+# reached 1.4 TB/s); the lanes' steps now have none, so longer segments are worth timing again
 STATS_SEGMENT = 4096
 # Columns per loop step of `row_stats`
 STATS_BLOCK = 4096
@@ -56,7 +56,7 @@ def use_triton(device: torch.device) -> bool:
 def jit(*, loose: tuple[str, ...] | str = (), loose_ints: tuple[str, ...] = ()):
     """triton.jit, compiled once per model: `loose` pointers ("*_ptr": all of them) not specialised on 16-byte
     alignment, `loose_ints` not on divisibility by 16. Both change with a chunk's offset and a last chunk's rows,
-    and each new combination compiled the kernel again inside a training step (~2.5 s each on the H200)."""
+    and each new combination compiled the kernel again in a training step (~2.5 s each, `gpu_e2e.sh steps`, H200)."""
 
     def wrap(fn):
         if not HAS_TRITON:
@@ -136,7 +136,7 @@ def _row_stats_kernel(
 
 if HAS_TRITON and not INTERPRET:
     # Warps per program tuned once per vocabulary width: the best count moved with each change of the kernel
-    # (8 warps were best when it did three block reductions per step and streamed at ~2.1 TB/s on an H200)
+    # (8 warps were best with three block reductions per step: ~2.1 TB/s on an H200, `bench.py --profile`)
     _row_stats_tuned = triton.autotune(configs=[triton.Config({}, num_warps=w) for w in (2, 4, 8, 16)], key=["n_cols"])(
         _row_stats_kernel
     )
@@ -391,7 +391,7 @@ def finish_rows(
     )
     flags = dict(HAS_GRAD=bool(grad_inputs), FIX=fix is not None, HAS_OLD=old is not None, HAS_REF=has_ref)
     segs = min(1 << 20, next_pow2(n_seg))
-    # 16 rows per program: 96 programs for a 1,536-row chunk (64 rows gave 24 programs, 32 us per chunk on an H200)
+    # 16 rows per program: 96 programs for a 1,536-row chunk (64 rows: 24 programs, 32 us a chunk, `bench.py --profile`)
     rows = max(1, min(16, 4096 // segs))
     if use_triton(parts.device):
         _finish_rows_kernel[(-(-n // rows),)](*args, **flags, ROWS=rows, SEGS=segs, num_warps=4)

@@ -1,4 +1,4 @@
-"""The app's UI items of issue 15: live runs lists, a stream's end judged at once, the runs table's
+"""The app's runs and presets screens: live runs lists, a stream's end judged at once, the runs table's
 columns, editing / overwriting / deleting user presets, the editor's cross-field checks, and words."""
 
 from __future__ import annotations
