@@ -1,6 +1,6 @@
 """The import rule: each stage imports only the stages below it in the flow, with no circle.
 
-    tasks -> config -> runs -> launch | train -> dashboard -> tools -> cli
+    tasks -> losses -> config -> runs -> launch | train -> dashboard -> tools -> cli
 
 Read from the source with `ast` (every import, also those inside functions), so a late import cannot
 dodge the rule. `ALLOWED` is the one place the allowed edges are named. Also the layout itself: every package's
@@ -26,12 +26,13 @@ NOT_OURS = {"tests", ".venv", "build", "dist", "results"}
 # stage -> the stages it may import (besides itself). `grpo_kernels` is the kernels package.
 ALLOWED: dict[str, set[str]] = {
     "tasks": set(),  # built-in data sources, rewards and models: what a preset can name
-    "config": {"tasks"},  # schema, store, --set overrides, pre-launch checks
+    "losses": {"grpo_kernels"},  # the loss implementations: declarations, refusals, scoring and loss (lazy torch)
+    "config": {"tasks", "losses"},  # schema, store, --set overrides, pre-launch checks
     "runs": {"config"},  # the run-folder contract: paths, metrics, completions, status, failure wording
     "launch": {"config", "runs"},  # accelerate argv, the supervisor, SLURM
-    "train": {"tasks", "config", "runs", "grpo_kernels"},  # the trainer under accelerate
+    "train": {"tasks", "losses", "config", "runs", "grpo_kernels"},  # the trainer under accelerate
     "dashboard": {"config", "runs", "launch"},  # view models and the Textual app (starts runs via launch)
-    "tools": {"tasks", "config", "runs", "launch", "train", "dashboard", "grpo_kernels"},
+    "tools": {"tasks", "losses", "config", "runs", "launch", "train", "dashboard", "grpo_kernels"},
     "cli": {"tasks", "config", "runs", "launch", "train", "dashboard", "tools"},
     "__init__": set(),
 }

@@ -323,7 +323,7 @@ def test_scoring_sub_batch_slices_only_the_no_grad_forwards_and_keeps_the_loss(
 def test_naive_entropy_is_a_metric_kept_out_of_the_loss_graph() -> None:
     import torch
 
-    from grpo_tui.train.trainer import naive_logps_and_entropies
+    from grpo_tui.losses.naive import naive_logps_and_entropies
 
     logits = torch.randn(2, 3, 50, dtype=torch.float64, requires_grad=True)
     ids = torch.randint(0, 50, (2, 3))

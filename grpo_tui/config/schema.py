@@ -37,6 +37,7 @@ from grpo_tui.config.types import (
     clip,
     shorten,
 )
+from grpo_tui.losses import IMPLEMENTATIONS
 
 # Names a user may give a preset: they become part of a run folder's name.
 PRESET_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -48,8 +49,7 @@ def name_from_stem(stem: str) -> str:
     return name or "unnamed"
 
 
-LossImpl = Literal["chunked", "naive", "trl"]
-# Read from the type, so the CLI, the trainer and the control reader cannot drift from the schema.
+LossImpl = Literal[tuple(IMPLEMENTATIONS)]  # the registry's names; the CLI and control reader read LOSS_IMPLS
 LOSS_IMPLS: tuple[str, ...] = typing.get_args(LossImpl)
 GenerationBackend = Literal["auto", "generate", "static", "graph", "vllm"]
 GENERATION_BACKENDS: tuple[str, ...] = typing.get_args(GenerationBackend)
@@ -200,7 +200,7 @@ class GrpoSection(_Section):
 
 class LossSection(_Section):
     impl: LossImpl = Field(
-        "chunked", description="chunked (our Triton kernel) | naive (full logits) | trl (TRL's fused head)"
+        "chunked", description=" | ".join(f"{name} ({impl.summary})" for name, impl in IMPLEMENTATIONS.items())
     )
     baseline: Literal["naive", "trl"] = Field("naive", description="What the live toggle switches to from chunked")
     chunk_tokens: Tokens | None = Field(None, description="Tokens per kernel chunk; default picks by vocab size")
