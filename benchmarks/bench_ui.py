@@ -1,8 +1,8 @@
 """Dashboard speed measurements (not tests): opening a long run, NVML sampling, a live run's redraw.
 
-    python benchmarks/bench_ui.py                       # all, writes benchmarks/results/ui-cpu.json
+    python benchmarks/bench_ui.py                       # all, writes benchmarks/results/ui-cpu/ui.json (the raw file beside result.json)
     python benchmarks/bench_ui.py --only load nvml      # a subset
-    python benchmarks/bench_ui.py --out results/ui-gpu.json --steps 100000 --live-seconds 10
+    python benchmarks/bench_ui.py --out /tmp/ui-gpu.json --steps 100000 --live-seconds 10
 
 1. load: `load_run` of a generated 100,000-step run (target < 1 s), split into JSON decoding and
    the model's column building; `load_recent` (every event + the newest ~1 MB of steps, for a
@@ -33,14 +33,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from grpo_tui.dashboard.loading import load_recent, load_run
+from grpo_tui.dashboard.monitor import Monitor
+from grpo_tui.dashboard.state import RunState
+from grpo_tui.runs import metrics
+from grpo_tui.tools.demo import make_run
 
-from grpo_tui.dashboard.loading import load_recent, load_run  # noqa: E402 - after sys.path.insert: runs from a checkout without an install
-from grpo_tui.dashboard.monitor import Monitor  # noqa: E402 - after sys.path.insert: runs from a checkout without an install
-from grpo_tui.dashboard.state import RunState  # noqa: E402 - after sys.path.insert: runs from a checkout without an install
-from grpo_tui.runs import metrics  # noqa: E402 - after sys.path.insert: runs from a checkout without an install
-from grpo_tui.tools.demo import make_run  # noqa: E402 - after sys.path.insert: runs from a checkout without an install
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _timed(fn: Any, repeats: int) -> tuple[dict[str, float], Any]:
@@ -256,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=200, help="run folders for the live-runs lookup")
     parser.add_argument("--live-seconds", type=float, default=10.0)
     parser.add_argument("--live-hz", type=float, default=2.0)
-    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "ui-cpu.json")
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "ui-cpu" / "ui.json")
     args = parser.parse_args(argv)
     results: dict[str, Any] = {
         "command": "python "

@@ -1,6 +1,6 @@
 """The app as a user runs it, in a real terminal (tmux), measured from outside (not a test).
 
-    python benchmarks/bench_ui_live.py                 # writes benchmarks/results/ui_live.json
+    python benchmarks/bench_ui_live.py                 # writes benchmarks/results/ui-live-cpu/ui-live.json (the raw file beside result.json)
 
 1. live: `python -m grpo_tui.dashboard.app --open RUN` in a 150x48 tmux pane while a separate process
    (`python -m grpo_tui.tools.demo live`) appends steps at --hz. For --seconds: the app process's CPU
@@ -27,12 +27,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+import psutil
+
+from grpo_tui.tools.demo import make_run
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-import psutil  # noqa: E402 - after sys.path.insert: runs from a checkout without an install
-
-from grpo_tui.tools.demo import make_run  # noqa: E402 - after sys.path.insert: runs from a checkout without an install
 
 SIZE = (150, 48)
 STEP_RE = re.compile(r"step (\d+)/")
@@ -152,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=15.0)
     parser.add_argument("--hz", type=float, default=4.0, help="steps per second the fake trainer writes")
     parser.add_argument("--steps", type=int, default=100_000)
-    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "ui_live.json")
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "ui-live-cpu" / "ui-live.json")
     args = parser.parse_args(argv)
     results: dict[str, Any] = {
         "command": "python benchmarks/bench_ui_live.py " + shlex.join(argv or sys.argv[1:]),

@@ -22,11 +22,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # step_times, run as a script or loaded by file
+from step_times import mean_step, peak_mib, pick_steps
 
-from step_times import mean_step, peak_mib, pick_steps  # noqa: E402 - after sys.path.insert
-
-from grpo_tui.runs.metrics import (  # noqa: E402
+from grpo_tui.runs.metrics import (
     COPY_REFRESH_KEY,
     DECODE_COPY_KEY,
     GENERATION_BACKEND_KEY,
@@ -202,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
         type=Path,
         nargs="*",
         default=[],
-        help="earlier results of this script on the same machine (one device call holds only so many runs): their "
+        help="earlier results of this script on the same machine (one machine session holds only so many runs): their "
         "rows come first and their commands are kept beside this one",
     )
     parser.add_argument(

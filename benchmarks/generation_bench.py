@@ -31,10 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # its sibling modules, run as a script or loaded by file
-
-from sampling_check import mean_logprob, sampling_match, standard_error  # noqa: E402 - after sys.path.insert
+from sampling_check import mean_logprob, sampling_match, standard_error
 
 # graph first: fastest; static last: compiles, may hit the budget. Also graph-hf, graph-plain and NAME@sdpa (see
 # Backend).
@@ -348,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
     with torch.no_grad():  # the default stream's cuBLAS workspace, which a trainer's forwards made long before
         model(input_ids=torch.tensor([prompts[0]], device=device))
     result: dict[str, Any] = {
-        "what": "issue 13: rollout tokens/s per grpo.generation_backend, sampling check, bandwidth bound",
+        "what": "rollout tokens/s per grpo.generation_backend, sampling check, bandwidth bound",
         "command": " ".join(
             ["python", "benchmarks/generation_bench.py", *(argv if argv is not None else sys.argv[1:])]
         ),

@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
-# GPU measurements for issues 3, 4 and 6 in as few device calls as possible.
+# GPU measurements (kernel, whole steps, rollouts, dashboard, FSDP, GPU tests), as many as one machine session holds.
 #
 # Run from the repository root on a CUDA machine that has torch, triton, transformers, accelerate and
 # peft (the device image), with the missing packages as wheels in .whl/ and GSM8K in .devdata/:
 #   bash benchmarks/gpu_e2e.sh PHASE...     PHASE: tests kernel generation memory memory2 concurrent rollout dashboard profile steps decode fsdp
 # Results land in $OUT (default ./gpu-out): one folder per phase plus a log; a table is printed last.
 set -uo pipefail
+if [ $# -eq 0 ] || [ "$1" = "-h" ] || [ "$1" = "--help" ]; then
+  sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'
+  exit 0
+fi
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
 ROOT=$PWD
@@ -13,7 +17,7 @@ source benchmarks/gpu_env.sh || exit 1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 
 GSM8K=$ROOT/.devdata/gsm8k/test.jsonl
-# The Qwen3-0.6B shape with random weights on GSM8K prompts: the issue-6 anchor's setup
+# The Qwen3-0.6B shape with random weights on GSM8K prompts: the end-to-end setup of benchmarks/results/e2e-h200/
 # (completion 256, 8 generations, gradient checkpointing, beta 0.04, one micro-batch per step).
 E2E_SETS=(--set model.name_or_path=builtin:qwen3-0.6b-shape --set "data.source=$GSM8K"
           --set grpo.gradient_accumulation_steps=1 --set grpo.max_completion_length=256
@@ -22,7 +26,7 @@ E2E_SETS=(--set model.name_or_path=builtin:qwen3-0.6b-shape --set "data.source=$
 for item in ${EXTRA_SETS:-}; do E2E_SETS+=(--set "$item"); done
 
 # The steps phase's default runs: trl and chunked with TRL's generate, chunked with the graph backend, and
-# chunked + graph with every memory option (issue 12's lean setting), at batch 64 and 128.
+# chunked + graph with every memory option (the lean setting), at batch 64 and 128.
 LEAN=grpo.loss_sub_batch=32,grpo.activation_offload=true,grpo.generation_sub_batch=32,grpo.scoring_sub_batch=32
 DEFAULT_STEP_SPECS="trl:trl:generate:64 chunked:chunked:generate:64 graph:chunked:graph:64 lean:chunked:graph:64:$LEAN
  trl:trl:generate:128 chunked:chunked:generate:128 graph:chunked:graph:128 lean:chunked:graph:128:$LEAN
@@ -45,7 +49,7 @@ for phase in "$@"; do
         --budget-s ${GEN_BUDGET:-200} ${GEN_ARGS:-} --out "$OUT/generation" 2>&1 | tail -24
       ;;
     kernel)
-      timeout 330 python3 -m grpo_kernels.bench ${KERNEL_ARGS:---batch 8,32,64} --out "$OUT/kernel-h200.json" 2>&1 | tail -30
+      timeout 330 python3 benchmarks/kernel/bench.py ${KERNEL_ARGS:---batch 8,32,64} --out "$OUT/kernel-h200.json" 2>&1 | tail -30
       ;;
     memory)
       build_model || exit 1
@@ -100,7 +104,7 @@ for phase in "$@"; do
         --set 'rewards.functions=[{name="gsm8k_format",weight=1.0},{name="length_penalty",weight=1.0}]' 2>&1 | tail -4
       ;;
     profile)
-      # The chunked-vs-trl step-time gap (issue 12): each impl and batch a fresh headless run whose step
+      # The chunked-vs-trl step-time gap: each impl and batch a fresh headless run whose step
       # records carry per-phase times (time_s/*); at batch 64, step PROFILE_STEP (default 3) also runs under
       # torch.profiler (GRPO_TUI_PROFILE_STEP) and its operator tables land in the run folder. Each run has
       # its own Triton cache, listed with timestamps (a compile inside a step shows there). ~6 min on an H200.

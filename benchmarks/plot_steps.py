@@ -40,16 +40,16 @@ def pick(spec: str) -> tuple[str, dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("bars", nargs="+", metavar="LABEL=JSON:IMPL/BATCH")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--title", default="Whole GRPO step on one H200 (Qwen3-0.6B shape, completion 256)")
     args = parser.parse_args(argv)
+    import matplotlib  # after the arguments: `--help` answers without it
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     picked = [pick(spec) for spec in args.bars]
     fig, ax = plt.subplots(figsize=(9, 0.55 * len(picked) + 1.6))
     labelled: set[str] = set()  # each phase named once in the legend

@@ -27,11 +27,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # its sibling modules, run as a script or loaded by file
-
-from generation_bench import load_prompts, sync  # noqa: E402 - after sys.path.insert
-from workload import realistic_lengths  # noqa: E402
+from generation_bench import load_prompts, sync
+from workload import realistic_lengths
 
 VARIANTS = ("to-cap", "kept", "compacted")
 ALLOWANCE = 1.3

@@ -25,7 +25,6 @@ class Passthrough(NamedTuple):
 
 
 PASSTHROUGH: dict[tuple[str, ...], Passthrough] = {
-    ("bench", "kernel"): Passthrough("grpo_kernels.bench", "main", "time the fused kernel against its peers (CUDA)"),
     ("bench", "memory"): Passthrough(
         "grpo_tui.tools.bench_memory", "main", "whole-step peak memory and time per loss implementation"
     ),
@@ -131,6 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
     show = psub.add_parser("show", help="the resolved preset (defaults filled) and its launch command")
     show.add_argument("preset", help="preset name or path to a .toml file")
     add_set_option(show)
+    show.add_argument("--explain", action="store_true", help="also each field's value with its description")
     show.set_defaults(handler=_cmd_presets_show)
     validate = psub.add_parser("validate", help="check preset files; exit 2 with one line per problem")
     validate.add_argument("files", nargs="+", help="preset names or .toml files")
@@ -170,14 +170,18 @@ def build_parser() -> argparse.ArgumentParser:
     for words, target in PASSTHROUGH.items():
         if len(words) == 1:
             sub.add_parser(words[0], help=f"{target.summary} (options: grpo-tui {words[0]} --help)", add_help=False)
-    sub.add_parser("bench", help="`bench kernel ...` or `bench memory ...`", add_help=False)
+    sub.add_parser("bench", help="`bench memory ...`", add_help=False)
     return parser
 
 
 def _passthrough(argv: list[str]) -> int | None:
     """Run a subcommand owned by another module, or None when argv is not one of them."""
     if argv and argv[0] == "bench" and (len(argv) < 2 or ("bench", argv[1]) not in PASSTHROUGH):
-        print("grpo-tui bench: expected `bench kernel ...` or `bench memory ...`", file=sys.stderr)
+        print(
+            "grpo-tui bench: expected `bench memory ...` (the kernel benchmark, once `bench kernel`, is "
+            "benchmarks/kernel/bench.py in a checkout)",
+            file=sys.stderr,
+        )
         return EXIT_USAGE
     for words, entry in PASSTHROUGH.items():
         if tuple(argv[: len(words)]) == words:
@@ -280,6 +284,10 @@ def _cmd_presets_show(args: argparse.Namespace) -> int:
     run_dir = Path(preset.logging.runs_dir) / f"<timestamp>-{preset.name}"
     print(f"# {path}, resolved (every default filled in)")
     print(dump_preset(preset))
+    if args.explain:
+        from grpo_tui.config.reference import explain
+
+        print("# every field, with its description:\n" + "\n".join(f"#   {line}" for line in explain(preset)))
     print("# launch command:")
     print("#   " + format_command(build_launch_command(preset, run_dir), launch_env(preset)))
     if preset.distributed.num_machines > 1:

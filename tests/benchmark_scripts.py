@@ -1,19 +1,20 @@
-"""The benchmark scripts under test: benchmarks/ is no package, so each is loaded from its file, once."""
+"""The benchmark scripts under test: benchmarks/ is no package, so each script's folder goes on sys.path (as
+running the script does) and the script is imported by its file name, once."""
 
 from __future__ import annotations
 
-import functools
-import importlib.util
+import importlib
+import sys
 from pathlib import Path
 from types import ModuleType
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
-@functools.cache
 def load_benchmark(name: str) -> ModuleType:
-    """benchmarks/<name>.py as a module (e.g. "generation_bench")."""
-    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """benchmarks/<name>.py as a module (e.g. "generation_bench", "kernel/bench"); its siblings import alike."""
+    path = BENCHMARKS / f"{name}.py"
+    folder = str(path.parent)
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+    return importlib.import_module(path.stem)

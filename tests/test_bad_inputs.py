@@ -211,7 +211,7 @@ def test_reward_module_in_the_working_folder_is_found(tmp_path: Path, monkeypatc
     assert resolve_reward("myreward_11b:score")(completions=["a"]) == [1.0]
 
 
-# ---- item 15: the README says what runs user code -----------------------------------------------------
+# ---- the README says what runs user code -----------------------------------------------------------------
 
 
 def test_readme_has_a_security_section() -> None:

@@ -82,7 +82,7 @@ FSDP_SCRIPT = r"""
 import json, os, sys, torch, torch.distributed as dist
 from torch.distributed.fsdp import fully_shard
 from transformers import AutoModelForCausalLM
-from grpo_tui.train.trainer import add_hidden_states_forward, full_head_params, lm_head_of
+from grpo_tui.losses.chunked import add_hidden_states_forward, full_head_params, lm_head_of
 from grpo_kernels import fused_linear_grpo_loss
 
 dist.init_process_group("gloo")

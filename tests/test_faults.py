@@ -1,4 +1,4 @@
-"""Run faults (issue 11, items 1-5 and 12-14) that need no real trainer: control.json whatever it holds,
+"""Run faults that need no real trainer: control.json whatever it holds,
 failure reasons, a full disk, the process-group check, file modes and the rendezvous port.
 The kill -9 tests on real tiny-cpu runs are in test_faults_e2e.py."""
 

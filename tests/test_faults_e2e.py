@@ -1,4 +1,4 @@
-"""kill -9 of the launcher, the trainer and the supervisor of real tiny-cpu runs (issue 11 items 1, 3, 4):
+"""kill -9 of the launcher, the trainer and the supervisor of real tiny-cpu runs:
 no trainer outlives its run's tracking, and the recorded reason names the signal."""
 
 from __future__ import annotations

@@ -426,7 +426,7 @@ def test_benchmark_smoke_on_cpu(tiny_model_path: Path, tmp_path: Path) -> None:
 
 
 def test_benchmark_sorts_kernels_by_kind() -> None:
-    """Kernel names as an H200 profile of a rollout lists them (benchmarks/results/h200-2026-12-03d/)."""
+    """Kernel names as an H200 profile of a rollout lists them."""
     kind = load_benchmark("generation_bench").kernel_kind
     names = {
         "_split_kernel": "decode attention",
@@ -611,7 +611,7 @@ def test_decode_steps_can_be_held_to_chosen_sdpa_kernels(model: torch.nn.Module)
 
 def test_benchmark_measures_each_batch_after_releasing_the_previous_bucket() -> None:
     # The peak is read against the memory held before the call: a bucket left from the previous batch would
-    # be freed inside the call and understate the peak by its size (the H200 figures of 2026-12-03 were)
+    # be freed inside the call and understate the peak by its size
     bench = load_benchmark("generation_bench")
     backend = RecordingBackend()
     row = bench.measure(backend, [[5, 6], [7]], 4, [2], torch.device("cpu"))

@@ -1,4 +1,4 @@
-"""benchmarks/kernel_profile.py (where a head call's time goes) and profiling.live_at_peak (what is live at a
+"""benchmarks/kernel/kernel_profile.py (where a head call's time goes) and profiling.live_at_peak (what is live at a
 rollout's memory peak): the parts that run without a GPU."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from grpo_tui.train.profiling import live_at_peak
 
 
 def _profile():
-    return load_benchmark("kernel_profile")
+    return load_benchmark("kernel/kernel_profile")
 
 
 def test_busy_time_is_the_union_of_kernel_intervals() -> None:

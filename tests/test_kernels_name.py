@@ -1,17 +1,14 @@
-"""The checkout's `kernels/` folder (imported as grpo_kernels) must not stand in for Hugging Face's `kernels`.
+"""`import kernels` is always Hugging Face's package, never a folder of this checkout.
 
-From a checkout's root, `python -m grpo_tui.train` (how accelerate starts every run) puts the root first on
-sys.path; transformers 5.25 imports Hugging Face's `kernels` package, and found our folder instead: every run
-failed with "cannot import name 'CUDAProperties' from 'kernels'". Importing grpo_tui or grpo_kernels moves the
-root behind the installed packages.
+transformers (5.25 and later) imports Hugging Face's `kernels`. From a checkout's root, `python -m grpo_tui.train`
+(how accelerate starts every run) puts the root first on sys.path, so the checkout's `kernels/` folder must not
+be an importable package: it holds no `__init__.py`, only `grpo_kernels/`, and nothing reorders sys.path.
 """
 
 from __future__ import annotations
 
 import importlib.metadata
-import importlib.util
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -20,11 +17,12 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PROBE = """
-import json, os, sys
+import json, sys
+before = list(sys.path)
 import {package}
 import importlib.util
 spec = importlib.util.find_spec("kernels")
-print(json.dumps({"path": sys.path, "kernels": spec.origin if spec else None}))
+print(json.dumps({"moved": sys.path != before, "kernels": spec.origin if spec else None}))
 """
 
 
@@ -41,23 +39,20 @@ def _probe(package: str) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def _maps_to_this_checkout() -> bool:
-    spec = importlib.util.find_spec("grpo_kernels")
-    return spec is not None and spec.origin is not None and Path(spec.origin).parent == ROOT / "kernels"
+def test_the_kernels_folder_is_no_package() -> None:
+    assert not (ROOT / "kernels" / "__init__.py").exists()
+    assert (ROOT / "kernels" / "grpo_kernels" / "__init__.py").is_file()
 
 
-@pytest.mark.skipif(not _maps_to_this_checkout(), reason="grpo_kernels is not this checkout's kernels/ folder")
 @pytest.mark.parametrize("package", ["grpo_tui", "grpo_kernels"])  # the two that `python -m` starts from
-def test_checkout_root_goes_behind_installed_packages(package):
+def test_import_kernels_from_the_checkout_root_is_never_ours(package: str) -> None:
     probe = _probe(package)
-    entries = [os.path.realpath(p or ROOT) for p in probe["path"]]
-    root_at = [i for i, p in enumerate(entries) if p == str(ROOT)]
-    site_at = [i for i, p in enumerate(entries) if p.endswith("site-packages")]
-    assert root_at and site_at, probe["path"]
-    assert min(root_at) > max(site_at), probe["path"]  # the root still serves, last
+    assert probe["moved"] is False  # importing our packages leaves sys.path alone
+    found = probe["kernels"]
+    assert found is None or not Path(found).resolve().is_relative_to(ROOT / "kernels"), found
     try:
         importlib.metadata.distribution("kernels")
     except importlib.metadata.PackageNotFoundError:
-        assert probe["kernels"] == str(ROOT / "kernels" / "__init__.py")  # nothing else is called kernels
+        assert found is None  # at most the folder as a namespace, which holds no module
     else:  # Hugging Face's package is installed (transformers >= 5.25 requires it): it is what `kernels` finds
-        assert probe["kernels"] and Path(probe["kernels"]).parent != ROOT / "kernels", probe["kernels"]
+        assert found is not None

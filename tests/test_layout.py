@@ -1,9 +1,10 @@
 """The import rule: each stage imports only the stages below it in the flow, with no circle.
 
-    tasks -> config -> runs -> launch | train -> dashboard -> tools -> cli
+    tasks -> losses -> config -> runs -> launch | train -> dashboard -> tools -> cli
 
 Read from the source with `ast` (every import, also those inside functions), so a late import cannot
-dodge the rule. `ALLOWED` is the one place the allowed edges are named.
+dodge the rule. `ALLOWED` is the one place the allowed edges are named. Also the layout itself: every package's
+folder carries its import name, nothing but the reward loader edits sys.path, no module grows past 400 lines.
 """
 
 from __future__ import annotations
@@ -11,21 +12,27 @@ from __future__ import annotations
 import ast
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "grpo_tui"
+REPO = PACKAGE.parent
+# Folders whose Python files are not importable code of the project: tests edit sys.path on purpose (pytest's
+# prepend mode), the virtual environment is not ours, benchmarks/results/ holds recorded outputs.
+NOT_OURS = {"tests", ".venv", "build", "dist", "results"}
 
 # stage -> the stages it may import (besides itself). `grpo_kernels` is the kernels package.
 ALLOWED: dict[str, set[str]] = {
     "tasks": set(),  # built-in data sources, rewards and models: what a preset can name
-    "config": {"tasks"},  # schema, store, --set overrides, pre-launch checks
+    "losses": {"grpo_kernels"},  # the loss implementations: declarations, refusals, scoring and loss (lazy torch)
+    "config": {"tasks", "losses"},  # schema, store, --set overrides, pre-launch checks
     "runs": {"config"},  # the run-folder contract: paths, metrics, completions, status, failure wording
     "launch": {"config", "runs"},  # accelerate argv, the supervisor, SLURM
-    "train": {"tasks", "config", "runs", "grpo_kernels"},  # the trainer under accelerate
+    "train": {"tasks", "losses", "config", "runs", "grpo_kernels"},  # the trainer under accelerate
     "dashboard": {"config", "runs", "launch"},  # view models and the Textual app (starts runs via launch)
-    "tools": {"tasks", "config", "runs", "launch", "train", "dashboard", "grpo_kernels"},
+    "tools": {"tasks", "losses", "config", "runs", "launch", "train", "dashboard", "grpo_kernels"},
     "cli": {"tasks", "config", "runs", "launch", "train", "dashboard", "tools"},
     "__init__": set(),
 }
@@ -134,7 +141,7 @@ def test_no_private_name_imported_across_modules() -> None:
 
 def test_no_module_over_400_lines() -> None:
     """Split by responsibility before a module grows past ~400 lines (CONVENTIONS.md)."""
-    roots = (PACKAGE, PACKAGE.parent / "kernels")
+    roots = (PACKAGE, REPO / "kernels", REPO / "presets")
     long = [
         f"{p.relative_to(PACKAGE.parent)}: {n}"
         for root in roots
@@ -165,3 +172,146 @@ def test_screens_do_not_reach_into_the_app_untyped() -> None:
         if "type: ignore[attr-defined]" in line
     ]
     assert found == [], "untyped reaches into other objects:\n" + "\n".join(found)
+
+
+def our_python_files() -> list[Path]:
+    """Every .py file of the project outside tests (the packages, the benchmarks)."""
+    return [
+        p
+        for p in sorted(REPO.rglob("*.py"))
+        if not (set(p.relative_to(REPO).parts[:-1]) & NOT_OURS) and not p.relative_to(REPO).parts[0].startswith(".")
+    ]
+
+
+def built_packages() -> dict[str, Path]:
+    """import name -> folder, for each package the build ships (pyproject's `packages.find`)."""
+    setuptools_cfg = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+    find = setuptools_cfg["packages"]["find"]
+    heads = {pattern.rstrip("*").split(".")[0] for pattern in find["include"]}
+    found = {}
+    for where in find["where"]:
+        root = REPO / where
+        for init in root.rglob("__init__.py"):
+            name = ".".join(init.parent.relative_to(root).parts)
+            if name.split(".")[0] in heads:
+                found[name] = init.parent
+    return found
+
+
+def test_every_package_folder_carries_its_import_name() -> None:
+    """No package-dir remapping: what `import x.y` loads is the folder x/y under one of the build's roots, and
+    every folder holding an `__init__.py` outside tests and benchmarks is one of those packages (a stray
+    `kernels/__init__.py` would make the checkout's folder stand in for Hugging Face's `kernels`)."""
+    setuptools_cfg = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert "package-dir" not in setuptools_cfg, "package-dir remaps import names onto other folders"
+    packages = built_packages()
+    assert {"grpo_tui", "grpo_kernels", "grpo_tui_presets"} <= set(packages)
+    for name, folder in packages.items():
+        assert folder.name == name.split(".")[-1], f"{name} lives in {folder}"
+    shipped = set(packages.values())
+    stray = [
+        str(p.parent.relative_to(REPO))
+        for p in our_python_files()
+        if p.name == "__init__.py" and p.parent not in shipped and p.relative_to(REPO).parts[0] != "benchmarks"
+    ]
+    assert stray == [], f"folders with an __init__.py that the build does not ship under their own name: {stray}"
+
+
+# The one sys.path edit allowed outside tests: a user's reward module beside their files is found from the
+# working folder, also under the console script (whose sys.path starts with its bin folder).
+SYS_PATH_EDITS_ALLOWED = {"grpo_tui/tasks/rewards.py"}
+
+
+def sys_path_edits(path: Path) -> list[int]:
+    """Lines of `path` that change sys.path: its methods called, an item or slice assigned, or a rebinding."""
+
+    def is_sys_path(node: ast.AST) -> bool:
+        return (
+            isinstance(node, ast.Attribute)
+            and node.attr == "path"
+            and isinstance(node.value, ast.Name)
+            and node.value.id == "sys"
+        )
+
+    lines = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and is_sys_path(node.func.value):
+            if node.func.attr in {"insert", "append", "extend", "remove", "pop", "clear", "reverse", "sort"}:
+                lines.append(node.lineno)
+        elif isinstance(node, ast.Assign | ast.AugAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
+                if is_sys_path(target) or (isinstance(target, ast.Subscript) and is_sys_path(target.value)):
+                    lines.append(node.lineno)
+    return lines
+
+
+def test_no_sys_path_edit_outside_tests_but_the_reward_loader() -> None:
+    found = [
+        f"{p.relative_to(REPO)}:{line}"
+        for p in our_python_files()
+        if str(p.relative_to(REPO)) not in SYS_PATH_EDITS_ALLOWED
+        for line in sys_path_edits(p)
+    ]
+    assert found == [], "sys.path edited (install the project or set PYTHONPATH instead):\n" + "\n".join(found)
+    # The check itself sees an edit where there is one.
+    assert sys_path_edits(REPO / "grpo_tui" / "tasks" / "rewards.py"), "the reward loader's edit went unseen"
+
+
+def module_graph() -> dict[str, set[str]]:
+    """Import edges among every module of the project outside tests: the packages by their import names, the
+    benchmark scripts by their file names (run as scripts, they import their siblings by that name)."""
+    names: dict[str, Path] = {}
+    for name, folder in built_packages().items():
+        for path in folder.glob("*.py"):
+            names[name if path.stem == "__init__" else f"{name}.{path.stem}"] = path
+    for path in (REPO / "benchmarks").rglob("*.py"):
+        if "results" not in path.relative_to(REPO).parts:
+            names[path.stem] = path
+    edges: dict[str, set[str]] = {m: set() for m in names}
+    for name, path in names.items():
+        package = name if path.stem == "__init__" else name.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parent = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join([*parent, base] if base else parent)
+                # `from p import m` imports the submodule m where there is one, else a name defined in p
+                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in names else base for a in node.names]
+            else:
+                continue
+            edges[name] |= {t for t in targets if t in names and t != name}
+    return edges
+
+
+def circles_in(edges: dict[str, set[str]]) -> list[str]:
+    state: dict[str, int] = {}
+    stack: list[str] = []
+    circles: list[str] = []
+
+    def visit(node: str) -> None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(edges[node]):
+            if state.get(nxt) == 1:
+                circles.append(" -> ".join(stack[stack.index(nxt) :] + [nxt]))
+            elif nxt not in state:
+                visit(nxt)
+        stack.pop()
+        state[node] = 2
+
+    for node in sorted(edges):
+        if node not in state:
+            visit(node)
+    return circles
+
+
+def test_no_import_circle_anywhere_in_the_project() -> None:
+    """The kernels and the benchmark scripts too: benchmark code lives outside the library, importing it."""
+    edges = module_graph()
+    assert "grpo_kernels.functional" in edges and "bench" in edges  # both sides are in the graph
+    assert circles_in(edges) == [], "import circles:\n" + "\n".join(circles_in(edges))
+    assert circles_in({"a": {"b"}, "b": {"a"}}) == ["a -> b -> a"]  # the search finds one where there is one

@@ -21,7 +21,7 @@ from grpo_tui.runs.folder import RunDir
 from grpo_tui.train import assemble, loss_phase
 from grpo_tui.train.loss_phase import LossPhaseMixin, merge_metric, slice_bounds, slice_inputs, slice_share
 
-TINY_PRESET = Path(__file__).resolve().parents[1] / "presets" / "tiny-cpu.toml"
+TINY_PRESET = Path(__file__).resolve().parents[1] / "presets" / "grpo_tui_presets" / "tiny-cpu.toml"
 # Two steps on one generation (num_iterations 2), so step 2 is off-policy; tight clipping makes the clip
 # metrics non-zero there, beta > 0 gives a KL to log. 8 sequences per device, sliced 3, 3, 2.
 BASE = {
@@ -37,7 +37,7 @@ BASE = {
 # fp32 on the CPU: slicing only regroups sums (~1e-7 relative); Adam's first step divides each gradient by
 # its own magnitude, so a near-zero gradient's rounding reaches the parameters as ~lr * 1e-2.
 SLICED_TOL = 1e-5
-# Offloading moves the very same bytes out and back: the step is bit-identical; 1e-6 as the issue asks.
+# Offloading moves the very same bytes out and back: the step is bit-identical, checked to 1e-6.
 OFFLOAD_TOL = 1e-6
 STEP_KEYS = ("loss", "grad_norm", "entropy", "kl", "clip_ratio/low_mean", "clip_ratio/high_mean")
 STEP_KEYS += ("clip_ratio/region_mean", "clip_ratio/low_min", "clip_ratio/high_max")

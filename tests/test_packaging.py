@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def test_grpo_kernels_is_the_repo_kernels_folder():
-    assert Path(grpo_kernels.__file__).resolve().parent == REPO / "kernels"
+    assert Path(grpo_kernels.__file__).resolve().parent == REPO / "kernels" / "grpo_kernels"
     assert callable(grpo_kernels.fused_linear_grpo_loss) and callable(grpo_kernels.selective_logprobs)
 
 
@@ -45,7 +45,8 @@ def test_transformers_does_not_see_a_kernels_package_from_us():
 def test_console_script_is_declared():
     text = (REPO / "pyproject.toml").read_text()
     assert 'grpo-tui = "grpo_tui.cli:main"' in text
-    assert '"grpo_kernels" = "kernels"' in text
+    # Each package's folder carries its import name: no package-dir remapping to keep in step.
+    assert "package-dir" not in text
 
 
 # ---- the wheel: what `pip install grpo-tui` gets, tried in a fresh venv from a folder outside the repo ----
@@ -77,9 +78,12 @@ class Installed(NamedTuple):
 
 
 def package_sources() -> list[str]:
-    """What the build reads: pyproject, README (the long description) and each folder in package-dir."""
-    setuptools_cfg = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
-    return ["pyproject.toml", "README.md", *setuptools_cfg["package-dir"].values()]
+    """What the build reads: pyproject, README (the long description) and the folders packages are found in
+    (from the root itself, only the packages it names)."""
+    find = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
+    at_root = [name.rstrip("*") for name in find["include"] if (REPO / name.rstrip("*")).is_dir()]
+    folders = [name for where in find["where"] for name in (at_root if where == "." else [where])]
+    return ["pyproject.toml", "README.md", *folders]
 
 
 @pytest.fixture(scope="module")
@@ -149,8 +153,8 @@ def run_installed(inst: Installed, *argv: str) -> str:
 @pytest.mark.slow
 def test_wheel_holds_the_presets_and_the_stylesheet(installed: Installed) -> None:
     names = set(zipfile.ZipFile(installed.wheel).namelist())
-    presets = sorted(p.name for p in (REPO / "presets").glob("*.toml"))
-    assert presets, "no presets/*.toml in the repo"
+    presets = sorted(p.name for p in (REPO / "presets" / "grpo_tui_presets").glob("*.toml"))
+    assert presets, "no presets/grpo_tui_presets/*.toml in the repo"
     missing = [f"grpo_tui_presets/{name}" for name in presets if f"grpo_tui_presets/{name}" not in names]
     assert not missing, f"wheel lacks {missing}"
     assert "grpo_tui/dashboard/app.tcss" in names
@@ -174,7 +178,7 @@ def test_installed_wheel_is_what_runs_not_the_repo(installed: Installed) -> None
 def test_installed_cli_lists_and_shows_the_builtin_presets(installed: Installed) -> None:
     listed = run_installed(installed, str(installed.bin / "grpo-tui"), "presets", "list")
     rows = {line.split()[0]: line.split()[1] for line in listed.splitlines() if len(line.split()) > 1}
-    for path in (REPO / "presets").glob("*.toml"):
+    for path in (REPO / "presets" / "grpo_tui_presets").glob("*.toml"):
         assert rows.get(path.stem) == "built-in", f"{path.stem} not listed as built-in:\n{listed}"
     assert str(installed.venv.resolve()) in listed  # the built-in folder shown is the installed one
 

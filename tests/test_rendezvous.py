@@ -1,4 +1,4 @@
-"""The launcher's loopback store (issue 11, item 12): a store server on a loopback host listens on
+"""The launcher's loopback store: a store server on a loopback host listens on
 loopback only; clients, other hosts and multi-machine launches are left alone. The real 2-process
 run is in test_rendezvous_e2e.py."""
 

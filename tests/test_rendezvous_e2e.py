@@ -1,4 +1,4 @@
-"""A real 2-process tiny-cpu run on one machine listens on loopback only (issue 11, item 12).
+"""A real 2-process tiny-cpu run on one machine listens on loopback only.
 
 While the run trains, every process of the run (its process group, the launcher's descendants: torch's
 elastic agent starts each rank in a session of its own) is asked for its listening sockets; each must

@@ -17,12 +17,11 @@ from grpo_tui.config.schema import (
     Preset,
     PresetError,
     RewardSpec,
-    field_model,
-    literal_choices,
     model_at,
     validate_data,
     walk_fields,
 )
+from grpo_tui.config.schema_walk import field_model, literal_choices
 
 
 def _expected_paths(model: type[BaseModel], prefix: str = "") -> list[str]:
@@ -101,3 +100,31 @@ def test_decode_copy_is_one_of_keep_free_off_in_one_line() -> None:
         validate_data({"grpo": {"decode_copy": "merge"}}, "p.toml")
     (line,) = caught.value.lines
     assert line.startswith("p.toml: grpo.decode_copy:") and all(m in line for m in DECODE_COPY_MODES)
+
+
+def test_every_field_is_described() -> None:
+    """The editor shows each field's description as its hint, `presets show --explain` and docs/presets.md too."""
+    from grpo_tui.config.reference import field_reference
+
+    missing = [ref.path for ref in field_reference() if not ref.description.strip()]
+    assert missing == [], f"schema fields without a description (a docstring under the field): {missing}"
+
+
+def test_presets_show_explain_prints_each_value_with_its_description(capsys) -> None:
+    from grpo_tui.cli import main
+    from grpo_tui.config.schema import walk_fields
+
+    assert main(["presets", "show", "tiny-cpu", "--explain", "--set", "grpo.max_steps=7"]) == 0
+    out = capsys.readouterr().out
+    assert "#   grpo.max_steps = 7  # Optimizer steps the run trains for." in out
+    for field in walk_fields():
+        assert f"#   {field.path} = " in out or f"#   [{field.path}]  # " in out, field.path
+
+
+def test_docs_presets_md_is_current() -> None:
+    from grpo_tui.tools import presets_doc
+
+    assert presets_doc.DOC.read_text(encoding="utf-8") == presets_doc.render(), (
+        "docs/presets.md is out of date: run python -m grpo_tui.tools.presets_doc"
+    )
+    assert "| `grpo.num_generations` | int | `8` | >= 2, <= 65,536 |" in presets_doc.render()

@@ -15,7 +15,7 @@ from grpo_tui.runs.metrics import read_records, step_records
 from grpo_tui.train import entry
 from grpo_tui.train.assemble import build_trainer
 
-TINY_PRESET = Path(__file__).resolve().parents[1] / "presets" / "tiny-cpu.toml"
+TINY_PRESET = Path(__file__).resolve().parents[1] / "presets" / "grpo_tui_presets" / "tiny-cpu.toml"
 # fp32 on the CPU: the three implementations differ only in summation order (~1e-7 relative); the
 # absolute floor covers losses that are a cancellation of near-equal terms (|loss| ~ 1e-8).
 REL, ABS = 1e-4, 1e-6
@@ -89,7 +89,7 @@ def test_switch_and_malformed_control(tiny_model_path: Path, tmp_path: Path, imp
     assert [r["loss_impl"] for r in steps] == ["chunked", "naive", "naive", "naive"]
     switches = [e for e in events if e["event"] == "loss_impl_switch"]
     # The event names the first step computed with the new implementation, and comes after the
-    # record of the step before it: a reader never sees the implementation flip back (issue 15 item 1).
+    # record of the step before it: a reader never sees the implementation flip back.
     assert switches == [{**switches[0], "step": 2, "from": "chunked", "to": "naive"}]
     order = [(r.get("event") or "step", r.get("step"), r.get("loss_impl")) for r in read_records(run.metrics)]
     at = order.index(("loss_impl_switch", 2, None))
@@ -323,7 +323,7 @@ def test_scoring_sub_batch_slices_only_the_no_grad_forwards_and_keeps_the_loss(
 def test_naive_entropy_is_a_metric_kept_out_of_the_loss_graph() -> None:
     import torch
 
-    from grpo_tui.train.trainer import naive_logps_and_entropies
+    from grpo_tui.losses.naive import naive_logps_and_entropies
 
     logits = torch.randn(2, 3, 50, dtype=torch.float64, requires_grad=True)
     ids = torch.randint(0, 50, (2, 3))

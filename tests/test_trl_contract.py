@@ -105,17 +105,17 @@ TRL_CONTRACT: dict[str, Coupling] = {
     # GRPOTrainer patches model.forward with it; add_hidden_states_forward wraps that forward, and the naive
     # path relies on its default (fused_lm_head=False) being the model's own logits.
     "trl.trainer.utils.add_fused_lm_head": _sig("model, temperature, cast_lm_head_to_fp32, outputs"),
-    "trl.trainer.utils._CHUNKED_LOGPROB_CHUNK_SIZE": Coupling("name", (), "kernels/bench.py"),
-    # kernels/bench.py calls ChunkedLogProbFunction.apply positionally, as TRL's fused head does
+    "trl.trainer.utils._CHUNKED_LOGPROB_CHUNK_SIZE": Coupling("name", (), "benchmarks/kernel/bench_providers.py"),
+    # benchmarks/kernel/bench_providers.py calls ChunkedLogProbFunction.apply positionally, as TRL's fused head does
     "trl.kernels.ChunkedLogProbFunction.forward": _sig(
         "ctx, hidden, weight, bias, targets, temperature, chunk_size, final_logit_softcapping, logit_scale, outputs",
-        used_by="kernels/bench.py",
+        used_by="benchmarks/kernel/bench_providers.py",
     ),
 }
 
 # Where couplings can hide: every private TRL name these files use must be in TRL_CONTRACT.
-SCANNED = [*sorted((ROOT / "grpo_tui").rglob("*.py")), *sorted((ROOT / "kernels").glob("*.py"))]
-SCANNED += sorted((ROOT / "benchmarks").glob("*.py"))
+SCANNED = [*sorted((ROOT / "grpo_tui").rglob("*.py")), *sorted((ROOT / "kernels" / "grpo_kernels").glob("*.py"))]
+SCANNED += sorted(p for p in (ROOT / "benchmarks").rglob("*.py") if "results" not in p.parts)
 
 
 def _version() -> str:

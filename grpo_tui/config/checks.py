@@ -17,6 +17,7 @@ from typing import Any
 from grpo_tui.config.eval_checks import eval_errors
 from grpo_tui.config.schema import GENERATION_BACKENDS, Preset
 from grpo_tui.config.types import ECHO_LIMIT, clip, shorten
+from grpo_tui.losses import LossSettings, refusals
 from grpo_tui.tasks.data import BUILTIN_ADDITION, LOCAL_SUFFIXES, first_row, template_problem
 from grpo_tui.tasks.rewards import REWARDS, RewardError, resolve_reward, signature_problem
 from grpo_tui.tasks.shapes import QWEN3_SHAPES
@@ -143,11 +144,6 @@ def _check_generation(preset: Preset, result: CheckResult) -> None:
 def _check_vllm(preset: Preset, result: CheckResult) -> None:
     import importlib.util
 
-    if preset.loss.impl == "chunked":
-        result.errors.append(
-            "grpo.generation_backend: vllm goes through TRL's vLLM path, which loss.impl chunked does not "
-            "implement (its importance-sampling correction); use loss.impl trl or naive"
-        )
     if preset.distributed.use_cpu:
         result.errors.append("grpo.generation_backend: vllm needs a GPU; on the CPU use generate or auto")
     elif importlib.util.find_spec("vllm") is None:
@@ -168,11 +164,8 @@ def _check_loss(preset: Preset, result: CheckResult) -> None:
         )
     if p.enabled and not p.target_modules:
         result.errors.append("peft.target_modules: empty with peft.enabled; name the modules LoRA adapts, e.g. q_proj")
-    if p.enabled and "lm_head" in p.target_modules and preset.loss.impl == "chunked":
-        result.errors.append(
-            "peft.target_modules: lm_head with loss.impl chunked is refused (the fused head reads the base "
-            "weight and would ignore the adapter); drop lm_head or use loss.impl naive or trl"
-        )
+    # The refusal table the trainer applies too, with what a preset states
+    result.errors += [row.line() for row in refusals(preset.loss.impl, LossSettings.from_preset(preset))]
 
 
 def _check_distributed(preset: Preset, result: CheckResult) -> None:

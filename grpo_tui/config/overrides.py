@@ -12,7 +12,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from grpo_tui.config.schema import Preset, PresetError, field_model, validate_data
+from grpo_tui.config.schema import Preset, PresetError, validate_data
+from grpo_tui.config.schema_walk import field_model
 from grpo_tui.config.types import clip, shorten
 
 SOURCE = "--set"

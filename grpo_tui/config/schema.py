@@ -10,11 +10,12 @@ from __future__ import annotations
 import re
 import typing
 from collections.abc import Iterator, Sequence
-from typing import Annotated, Any, Literal, NamedTuple
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
-from pydantic.fields import FieldInfo
 
+from grpo_tui.config import schema_walk
+from grpo_tui.config.schema_walk import SchemaField
 from grpo_tui.config.types import (
     ECHO_LIMIT,
     MAX_BATCH,
@@ -37,6 +38,7 @@ from grpo_tui.config.types import (
     clip,
     shorten,
 )
+from grpo_tui.losses import IMPLEMENTATIONS
 
 # Names a user may give a preset: they become part of a run folder's name.
 PRESET_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -48,8 +50,7 @@ def name_from_stem(stem: str) -> str:
     return name or "unnamed"
 
 
-LossImpl = Literal["chunked", "naive", "trl"]
-# Read from the type, so the CLI, the trainer and the control reader cannot drift from the schema.
+LossImpl = Literal[tuple(IMPLEMENTATIONS)]  # the registry's names; the CLI and control reader read LOSS_IMPLS
 LOSS_IMPLS: tuple[str, ...] = typing.get_args(LossImpl)
 GenerationBackend = Literal["auto", "generate", "static", "graph", "vllm"]
 GENERATION_BACKENDS: tuple[str, ...] = typing.get_args(GenerationBackend)
@@ -58,11 +59,12 @@ DECODE_COPY_MODES: tuple[str, ...] = typing.get_args(DecodeCopyMode)
 
 
 class _Section(BaseModel):
-    # Unknown keys are errors (a typo must not silently fall back to a default); assignment is
-    # validated so `--set` overrides go through the same checks.
-    # NaN and ±inf are refused everywhere: `temperature = inf` or a `nan` weight would run to the end
-    # with reward 0 and loss 0.
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+    # Unknown keys are errors (a typo must not silently fall back to a default); assignment is validated so
+    # `--set` overrides go through the same checks. NaN and ±inf are refused everywhere: `temperature = inf` or a
+    # `nan` weight would run to the end with reward 0 and loss 0. A field's docstring is its description.
+    model_config = ConfigDict(
+        extra="forbid", validate_assignment=True, allow_inf_nan=False, use_attribute_docstrings=True
+    )
 
 
 class ModelSection(_Section):
@@ -74,13 +76,16 @@ class ModelSection(_Section):
         False, description="Build the architecture from the id's config with random weights (no weight download)"
     )
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """Weights' dtype: auto (the checkpoint's own) | float32 | bfloat16 | float16."""
     attn_implementation: Literal["eager", "sdpa", "flash_attention_2"] = "sdpa"
+    """transformers' attention for the training forwards: eager | sdpa | flash_attention_2."""
     sdpa_kernels: Annotated[list[Literal["cudnn", "flash", "efficient", "math"]], Field(max_length=4)] = Field(
         default_factory=list,
         description="The sdpa kernels the run's attention may use, math always as the last resort (empty: "
         "torch's choice; without cudnn no kernel is planned again for each new sequence length)",
     )
     trust_remote_code: bool = False
+    """Allow a hub model's own Python code (it then runs on this machine)."""
 
 
 class DataSection(_Section):
@@ -89,9 +94,12 @@ class DataSection(_Section):
         description="openai/gsm8k (hub), a local .jsonl/.parquet path, or builtin:addition (synthetic)",
     )
     split: Annotated[Line, Field(min_length=1)] = "train"
+    """The dataset split to train on."""
     prompt_template: Prose = Field("{question}", description="Python format string over the row's columns")
     system_prompt: Prose | None = None
+    """A system message before each prompt, for chat templates (default: none)."""
     max_samples: Annotated[PositiveInt, Field(le=MAX_ROWS)] | None = None
+    """Train on at most this many rows of the split (default: all)."""
 
 
 class RewardSpec(_Section):
@@ -106,6 +114,7 @@ class RewardsSection(_Section):
     functions: Annotated[list[RewardSpec], Field(max_length=64)] = Field(
         default_factory=lambda: [RewardSpec(name="addition_partial")]
     )
+    """The reward functions and their weights: a completion's reward is the weighted sum."""
 
     @field_validator("functions")
     @classmethod
@@ -117,27 +126,47 @@ class RewardsSection(_Section):
 
 class GrpoSection(_Section):
     num_generations: Annotated[Count, Field(ge=2)] = 8
+    """Completions sampled per prompt: the group whose rewards GRPO compares."""
     per_device_batch_size: Count = 8
+    """Completions per device in each forward/backward (TRL's per_device_train_batch_size)."""
     gradient_accumulation_steps: Count = 1
+    """Forward/backward passes summed before each optimizer step."""
     max_prompt_length: Tokens = 512
+    """Longest prompt, in tokens."""
     max_completion_length: Tokens | None = 256
+    """Most new tokens per completion."""
     learning_rate: Annotated[Float, Field(gt=0.0, le=1.0)] = 1e-6
+    """The optimizer's learning rate."""
     lr_scheduler_type: Literal["constant", "linear", "cosine", "constant_with_warmup"] = "constant"
+    """How the learning rate changes over max_steps."""
     warmup_steps: Steps = 0
+    """Steps of learning-rate warm-up (for the schedules that have one)."""
     beta: NonNegFloat = 0.0
+    """Weight of the KL penalty against the reference model (0: no reference model is loaded)."""
     epsilon_low: Annotated[Float, Field(gt=0.0, lt=1.0)] = 0.2
+    """The importance ratio is clipped below at 1 - epsilon_low."""
     epsilon_high: Annotated[Float, Field(gt=0.0)] = 0.2
+    """The importance ratio is clipped above at 1 + epsilon_high."""
     loss_type: Literal["grpo", "bnpo", "dr_grpo", "dapo"] = "dapo"
+    """How per-token losses are normalised: grpo | bnpo | dr_grpo | dapo (TRL's loss_type)."""
     importance_sampling_level: Literal["token", "sequence"] = "token"
+    """Importance ratio per token, or one per sequence (GSPO)."""
     scale_rewards: Literal["group", "batch", "none"] = "group"
+    """Advantages divided by the reward std of the group, of the batch, or not at all."""
     temperature: Annotated[Float, Field(gt=0.0, le=MAX_TEMPERATURE)] = 1.0
+    """Sampling temperature of the rollouts (the log-probs use it too)."""
     top_p: Annotated[Float, Field(gt=0.0, le=1.0)] = 1.0
+    """Nucleus sampling: sample from the smallest set of tokens holding this probability."""
     max_steps: Annotated[Steps, Field(ge=1)] = 100
-    # Passes over each generation batch; GRPO recipes use 1-4, and each pass costs a whole step.
+    """Optimizer steps the run trains for."""
     num_iterations: Annotated[PositiveInt, Field(le=1024)] = 1
+    """Passes over each generation batch (> 1 reuses each rollout; recipes use 1-4, each pass costs a whole step)."""
     seed: Annotated[Int, Field(ge=0, lt=SEED_LIMIT)] = 42
+    """Random seed of sampling, data order and initialisation."""
     gradient_checkpointing: bool = False
+    """Recompute activations in the backward instead of keeping them (less memory, slower)."""
     max_grad_norm: Annotated[Float, Field(gt=0.0)] = 1.0
+    """The gradient norm is clipped to this."""
     generation_sub_batch: Count | None = Field(
         None,
         description="Completions generated at a time per device (default: all at once). Bounds the KV cache, "
@@ -145,7 +174,7 @@ class GrpoSection(_Section):
     )
     generation_backend: GenerationBackend = Field(
         "auto",
-        description="auto (graph on CUDA, else generate) | graph (ours: ~20x generate on an H200) | generate | "
+        description="auto (graph on CUDA, else generate) | graph (ours: ~20x generate on an H200, docs/benchmarks.md) | generate | "
         "static | vllm (needs vllm)",
     )
     decode_copy: DecodeCopyMode = Field(
@@ -172,7 +201,7 @@ class GrpoSection(_Section):
 
 class LossSection(_Section):
     impl: LossImpl = Field(
-        "chunked", description="chunked (our Triton kernel) | naive (full logits) | trl (TRL's fused head)"
+        "chunked", description=" | ".join(f"{name} ({impl.summary})" for name, impl in IMPLEMENTATIONS.items())
     )
     baseline: Literal["naive", "trl"] = Field("naive", description="What the live toggle switches to from chunked")
     chunk_tokens: Tokens | None = Field(None, description="Tokens per kernel chunk; default picks by vocab size")
@@ -181,32 +210,45 @@ class LossSection(_Section):
 
 class PeftSection(_Section):
     enabled: bool = False
+    """Train LoRA adapters instead of all the weights."""
     r: Annotated[PositiveInt, Field(le=MAX_LORA_RANK)] = 16
+    """LoRA rank."""
     alpha: Annotated[Float, Field(gt=0.0)] = 32.0
+    """LoRA alpha: the adapters' update is scaled by alpha / r."""
     dropout: Annotated[Float, Field(ge=0.0, lt=1.0)] = 0.05
-    # Module names (an empty list with enabled = true is refused by the checks); 1,024 names is more
-    # than a model has module kinds.
+    """Dropout on the adapters' input."""
+    # 1,024 names: more than a model has module kinds (an empty list with enabled = true is refused by the checks)
     target_modules: Annotated[list[Annotated[Line, Field(min_length=1)]], Field(max_length=1024)] = Field(
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     )
+    """Names of the modules that get adapters (e.g. q_proj, v_proj)."""
 
 
 class DistributedSection(_Section):
     use_cpu: bool = Field(False, description="Train on the CPU (gloo between processes)")
     num_processes: Annotated[PositiveInt, Field(le=MAX_PROCESSES)] = 1
+    """Processes (one per GPU) on each machine."""
     fsdp: bool = False
+    """Shard the model across processes with FSDP."""
     fsdp_version: Literal[1, 2] = 2
+    """FSDP 1 or 2 (FSDP2 shards each parameter)."""
     mixed_precision: Literal["no", "bf16", "fp16"] = "no"
+    """accelerate's mixed precision: no | bf16 | fp16."""
     num_machines: Annotated[PositiveInt, Field(le=MAX_PROCESSES)] = 1
+    """Machines in the run (more than 1: multi-node)."""
     machine_rank: Annotated[Int, Field(ge=0, lt=MAX_PROCESSES)] = 0
-    # A host name or address: 253 characters is DNS's limit.
+    """This machine's rank in a multi-node run (0: the main machine)."""
     main_process_ip: Annotated[Line, Field(min_length=1, max_length=253)] | None = None
+    """Host name or address of the main machine in a multi-node run (253 characters at most: DNS's limit)."""
     main_process_port: Annotated[Int, Field(ge=1, le=65535)] = 29500
+    """Port of the main machine's rendezvous."""
 
 
 class LoggingSection(_Section):
     runs_dir: PathText = "runs"
+    """The folder that holds one folder per run."""
     logging_steps: Annotated[Steps, Field(ge=1)] = 1
+    """Metrics are recorded every this many steps."""
     save_steps: Steps = Field(0, description="Checkpoint every N steps; 0 = only on request")
     # 10,000: far more checkpoints than a disk holds; None keeps every one.
     save_total_limit: Annotated[PositiveInt, Field(le=10_000)] | None = Field(
@@ -215,6 +257,7 @@ class LoggingSection(_Section):
     report_to: Annotated[list[Literal["none", "tensorboard", "wandb", "trackio"]], Field(max_length=4)] = Field(
         default_factory=lambda: ["none"]
     )
+    """Trackers to report to beside the run folder: none | tensorboard | wandb | trackio."""
     completions_per_step: Annotated[Int, Field(ge=0, le=MAX_BATCH)] = Field(
         16, description="Completions kept per step in completions.jsonl (0 = none)"
     )
@@ -241,17 +284,27 @@ class EvalSection(_Section):
 
 class Preset(_Section):
     name: str = "unnamed"
-    # One paragraph: it is shown on one line of `presets list` and the app's preset table.
+    """The preset's name: its file name, and part of each of its runs' folder names."""
     description: Annotated[Prose, Field(max_length=2_000)] = ""
+    """What the preset is for, shown on one line of `presets list` and the app's preset table."""
     model: ModelSection = Field(default_factory=ModelSection)
+    """The policy model to train."""
     data: DataSection = Field(default_factory=DataSection)
+    """The prompts to train on."""
     rewards: RewardsSection = Field(default_factory=RewardsSection)
+    """How completions are scored."""
     grpo: GrpoSection = Field(default_factory=GrpoSection)
+    """GRPO training settings (TRL's GRPOConfig) and the rollouts' memory options."""
     loss: LossSection = Field(default_factory=LossSection)
+    """How the policy's log-probs and the GRPO loss are computed."""
     peft: PeftSection = Field(default_factory=PeftSection)
+    """LoRA adapters (peft) instead of full fine-tuning."""
     distributed: DistributedSection = Field(default_factory=DistributedSection)
+    """Processes, machines and sharding (accelerate launch)."""
     logging: LoggingSection = Field(default_factory=LoggingSection)
+    """Where runs go and what they record."""
     eval: EvalSection = Field(default_factory=EvalSection)
+    """Held-out evaluation of the base and the trained model."""
 
     @field_validator("name")
     @classmethod
@@ -297,76 +350,14 @@ def validate_data(data: dict[str, Any], source: str) -> Preset:
 # ---- walking the schema: the one place that looks inside annotations ------------------------------
 
 
-class SchemaField(NamedTuple):
-    """One field met by `walk_fields`: its dotted path, pydantic's FieldInfo and its annotation."""
-
-    path: str
-    info: FieldInfo
-    annotation: Any
-
-    @property
-    def section(self) -> type[BaseModel] | None:
-        """The model this field holds, when it is a section (a table of fields) rather than a value."""
-        return nested_model(self.annotation) if not _is_list(self.annotation) else None
-
-
-def nested_model(annotation: Any) -> type[BaseModel] | None:
-    """The model inside `annotation` (`Section`, `list[Spec]`, `Spec | None`), else None."""
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
-    for arg in typing.get_args(annotation):
-        found = nested_model(arg)
-        if found is not None:
-            return found
-    return None
-
-
-def field_model(model: type[BaseModel], name: str) -> type[BaseModel] | None:
-    """The model held by `model`'s field `name` (for a list of models, the items' model), else None."""
-    field = model.model_fields.get(name)
-    return nested_model(field.annotation) if field is not None else None
-
-
 def model_at(loc: Sequence[str | int]) -> type[BaseModel]:
-    """The model whose fields sit at `loc` (a pydantic error location; list indexes are skipped).
-
-    Stops at the deepest model reached, so a location inside a plain value names its parent.
-    """
-    model: type[BaseModel] = Preset
-    for part in loc:
-        if isinstance(part, int):
-            continue
-        nested = field_model(model, str(part))
-        if nested is None:
-            break
-        model = nested
-    return model
+    """The preset's model whose fields sit at `loc` (see `schema_walk.model_at`)."""
+    return schema_walk.model_at(Preset, loc)
 
 
 def walk_fields(model: type[BaseModel] = Preset, prefix: str = "") -> Iterator[SchemaField]:
-    """Every field of `model` in declaration order, depth first: a section, then its fields.
-
-    Lists of models (`rewards.functions`) are one value, not walked into: their items have no names.
-    """
-    for name, info in model.model_fields.items():
-        field = SchemaField(prefix + name, info, info.annotation)
-        yield field
-        if field.section is not None:
-            yield from walk_fields(field.section, field.path + ".")
-
-
-def literal_choices(annotation: Any) -> tuple[Any, ...] | None:
-    """The allowed values of a `Literal[...]` annotation (also inside `X | None`), else None."""
-    for arg in (annotation, *typing.get_args(annotation)):
-        if typing.get_origin(arg) is Literal:
-            return typing.get_args(arg)
-    return None
-
-
-def _is_list(annotation: Any) -> bool:
-    return typing.get_origin(annotation) is list or any(
-        typing.get_origin(a) is list for a in typing.get_args(annotation)
-    )
+    """Every field of `model` (default: the preset) in declaration order, depth first (see `schema_walk`)."""
+    return schema_walk.walk_fields(model, prefix)
 
 
 # The preset's sections (tables of fields), in declaration order.

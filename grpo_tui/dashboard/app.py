@@ -1,7 +1,8 @@
 """grpo-tui, the Textual app: presets → start a run → live dashboard; runs list; compare.
 
 Small on purpose: screens live in `screens/`, widgets in `widgets/`, styles in `app.tcss`, data in
-plain models (`runstate`, `monitor`, `alerts`, `completions`). Nothing here imports torch.
+plain models (`state`, `series`, `monitor`, `alerts`, `compare`; the run folder's files through `grpo_tui.runs`).
+Nothing here imports torch.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ on the first sample; without it the device count is 0 and the snapshot says why 
 the host part (RAM, CPU, the run's process RSS) is still filled.
 
 History lives here too: `GpuHistory` keeps a bounded ring buffer per GPU (and one for the host),
-separate from the charts that draw it. The per-step training series live in `runstate.RunState`.
+separate from the charts that draw it. The per-step training series live in `state.RunState`.
 
 Note: inside a container NVML may report host PIDs for GPU processes; the per-process memory is
 then matched to the run's PIDs only when the PID namespaces agree.

@@ -115,7 +115,7 @@ def run_probe(preset: Any, baseline: str) -> tuple[list[ImplResult], str]:
 def _measure(trainer: Any, inputs: dict[str, Any], impl: str) -> ImplResult:
     import torch
 
-    from grpo_tui.train.trainer import lm_head_of
+    from grpo_tui.losses.chunked import lm_head_of
 
     trainer.switch_loss_impl(impl)
     model = trainer.model

@@ -45,6 +45,7 @@ def build_trainer(
     from grpo_tui.tasks.data import build_prompt_dataset
     from grpo_tui.tasks.heldout import training_rows
     from grpo_tui.tasks.rewards import resolve_reward
+    from grpo_tui.train.options import TrainerOptions
     from grpo_tui.train.phase_memory import apply_memory_cap
     from grpo_tui.train.trainer import GrpoTuiTrainer
 
@@ -85,19 +86,9 @@ def build_trainer(
         processing_class=tokenizer,
         peft_config=peft_config,
         callbacks=callbacks,
-        loss_impl=preset.loss.impl,
-        chunk_tokens=preset.loss.chunk_tokens,
-        lean=preset.loss.lean,
-        generation_sub_batch=preset.grpo.generation_sub_batch,
-        generation_backend=preset.grpo.generation_backend,
-        decode_copy=preset.grpo.decode_copy,
+        options=TrainerOptions.from_preset(preset, profile_dir=str(run.path)),
         on_event=on_event,
-        scoring_sub_batch=preset.grpo.scoring_sub_batch,
-        loss_sub_batch=preset.grpo.loss_sub_batch,
-        activation_offload=preset.grpo.activation_offload,
-        sdpa_kernels=tuple(preset.model.sdpa_kernels),
         on_step_logged=on_step_logged,
-        profile_dir=str(run.path),
     )
     from transformers import PrinterCallback
 

@@ -2,8 +2,8 @@
 
 transformers' sdpa path repeats each key/value head for every query head of its group (`repeat_kv`)
 whenever a mask is given, and the decoder always gives one (left padding, unwritten cache slots). At
-decode time that copy dominates: measured on the H200 (Qwen3-0.6B shape, 128 rows, bf16), the captured
-step ran at 5.5% of the memory-bandwidth bound, its time growing with the KV cache, not the weights.
+decode time that copy dominates: on the H200 (Qwen3-0.6B shape, 128 rows, bf16; `benchmarks/generation_bench.py`)
+the captured step ran at 5.5% of the memory-bandwidth bound, its time growing with the KV cache, not the weights.
 
 Folding instead views the queries [R, H, q, D] as [R, H_kv, G*q, D] (head h = kv * G + g, the order
 repeat_kv uses), so each key/value head is read once by the G queries of its group; the mask is repeated
@@ -14,8 +14,9 @@ With the name "triton" in `attention_context` (the graph decoder's default where
 `grpo_kernels.decode_attention` instead: a split-KV Triton kernel that reads only the cache slots the mask
 allows (its torch twin off CUDA); prefill stays on sdpa, held to `PREFILL_ATTENTION`. On the H200
 (Qwen3-0.6B shape, 300 of 512 slots filled) it takes 36.9 us per layer call at 128 rows against sdpa's
-115.8 (cuDNN), 119.1 against 418.5 at 512 rows; rollouts of 128 x 256 run at 30,779 tokens/s against
-21,934 in the same run (benchmarks/results/h200-2026-12-03c/). An earlier kernel without splits or tensor cores lost (ad36d85).
+115.8 (cuDNN), 119.1 against 418.5 at 512 rows (`benchmarks/results/decode-attention-h200/`); rollouts of
+128 x 256 run at 29,567 tokens/s against 21,934 with cuDNN's sdpa (`benchmarks/results/generation-h200/`).
+A kernel without splits or tensor cores lost to sdpa.
 """
 
 from __future__ import annotations
@@ -34,8 +35,9 @@ DECODE_ATTENTION = "grpo_tui_folded_gqa"
 TRITON_DECODE = "triton"
 # sdpa's kernels for the decoder's prefill (and its decode steps where the kernel is off): not cuDNN, which
 # builds a new plan for each new cache length, and every rollout in training brings one. On the H200 (128 x 256,
-# each rollout a new length, benchmarks/results/h200-2026-12-03e/) 21,374 tokens/s with torch's choice (cuDNN;
-# the first rollout at a new length 2.4 s against 1.2) and 27,068 held to these; 29,825 vs 29,321 at one length.
+# each rollout a new length, `benchmarks/generation_bench.py --fresh`) 21,374 tokens/s with torch's choice
+# (cuDNN; the first rollout at a new length 2.4 s against 1.2) and 27,068 held to these; 29,825 vs 29,321 at one
+# length.
 PREFILL_ATTENTION: tuple[str, ...] = ("efficient", "math")
 # What the graph decoder runs on unless told otherwise: grpo_kernels' kernel for decode steps where Triton is
 # installed, sdpa held to PREFILL_ATTENTION for the rest

@@ -22,17 +22,13 @@ from typing import Any
 
 import torch
 
+from grpo_tui.losses.base import peft_base
 from grpo_tui.train.decode_model import fuse_projections, fused_blockers
 
 # peft's name parts of adapter weights (merged into the base weight, never copied themselves)
 _ADAPTER_PART = ".lora_"
 # peft wraps an adapted module's own layer under this name; the copy has the plain layer in its place
 _BASE_LAYER = ".base_layer"
-
-
-def peft_base(model: torch.nn.Module) -> torch.nn.Module:
-    """The transformers model inside a PEFT wrapper (the model itself without one)."""
-    return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
 def _is_tuner_layer(module: torch.nn.Module) -> bool:

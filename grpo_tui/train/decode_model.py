@@ -1,7 +1,8 @@
 """The graph decoder's own forward on the decode copy: Llama-family layers with q/k/v and gate/up fused.
 
 A decode step at 128 rows runs each projection as its own small GEMM, and on the H200 each of those takes ~5 us
-whatever its size (4-6 MB of weights, far from the memory bandwidth): seven per layer, a quarter of the step.
+whatever its size (4-6 MB of weights, far from the memory bandwidth; the kernel profile that
+`benchmarks/generation_bench.py` writes): seven per layer, a quarter of the step.
 The decode copy is ours, so its q/k/v weights become views of one tensor per layer and gate/up of another
 (`fuse_projections`); every other consumer of the copy (the refresh, transformers' forward) sees the same
 parameters as before. `forward` then runs four GEMMs per layer, with its own KV cache and none of transformers'

@@ -16,7 +16,7 @@ from grpo_tui.train.decode_model import forward as fused_forward
 from grpo_tui.train.sampling import Sampling, choose_tokens, token_logps
 
 # Prompt tokens per prefill forward (rows x columns), at least PREFILL_MIN_COLUMNS columns. The prefill's
-# activations (~53 KiB a token on the H200) scale with it and come on top of the full static cache, where
+# activations (~53 KiB a token on the H200, `benchmarks/generation_bench.py`) scale with it and come on top of the full static cache, where
 # generate's prefill runs beside a prompt-sized one: one forward of 16 x 128 tokens put the graph's rollout peak
 # above generate's. But each forward is ~1,700 eager kernel launches (~25 ms of host time): 1,024-token chunks
 # at 128 rows (32 forwards) made a 128 x 256 rollout 0.7 s slower, 32-column chunks (8) 0.25 s. 64 columns
@@ -166,7 +166,8 @@ def decode_step(model: Any, state: DecodeState, dtype: torch.dtype) -> torch.Ten
 
 def length_is_dynamic(state: DecodeState) -> None:
     """Mark the cache-length dimension of the step's tensors dynamic for torch.compile: one compiled step then
-    serves every cache length (each new exact length would otherwise compile again, ~35 s on the H200)."""
+    serves every cache length (each new exact length would otherwise compile again, ~35 s on the H200: the first
+    call `benchmarks/generation_bench.py` times)."""
     mark = torch._dynamo.maybe_mark_dynamic
     mark(state.key_valid, 1)
     mark(state.key_index, 0)

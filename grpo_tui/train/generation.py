@@ -8,10 +8,12 @@
               max new tokens); the token step (forward, sampling, the token written; `decode_step`) compiled by
               torch.compile (once per row count: the cache length is a dynamic dimension) and captured as a CUDA
               graph, then replayed for every token. CUDA only.
-    auto      graph on CUDA when nothing blocks it (20x generate at 128 x 256 on the H200), else generate.
+    auto      graph on CUDA when nothing blocks it (20x generate at 128 x 256 on the H200,
+              `benchmarks/results/generation-h200/`), else generate.
 
 After each rollout the bucket (KV cache and graph pool) is released: capturing again costs a few decode steps per
-rollout, keeping the cache through the loss phase cost the whole step ~10 GiB of peak.
+rollout, keeping the cache through the loss phase cost the whole step ~10 GiB of peak (`benchmarks/step_times.py`
+over a training run's step records).
 
 The graph reads the parameters of the model it is given: a captured kernel reads a parameter's storage. On
 the live weights the optimizer updates that storage in place, so the graph follows them. Under FSDP2, with
@@ -54,7 +56,7 @@ from grpo_tui.train.sampling import Sampling, cut_at_eos, seen_tokens
 # Rollouts pad their rows up to this multiple, so nearby batch sizes share one compiled step. The cache length
 # is not rounded: every slot is KV cache for all rows (112 KiB per row at Qwen3-0.6B's shape), and rounding it
 # up to 128 slots made the graph's rollout peak 6-10% heavier than generate's, whose cache grows to what it needs
-# (exact: 2-4% lighter in training runs on the H200, benchmarks/results/h200-2026-12-03d/).
+# (exact: 2-4% lighter in training runs on the H200, `benchmarks/results/generation-h200/`).
 ROW_MULTIPLE = 8
 # Decode steps between checks that every row has finished: each check waits for the GPU, so it is rare.
 FINISH_CHECK_EVERY = 8
@@ -96,13 +98,15 @@ class StaticDecoder:
         # Finished rows stop costing (`compaction`): on the fused forward's cache, once at most half the rows
         # are still decoding, the rest of the rollout decodes only those, on a graph captured for their count.
         self.compact = compact
-        # The kernels the decode steps may use: "triton" (grpo_kernels' decode kernel, 2.2x cuDNN's sdpa on the
-        # H200) and/or torch's SDPBackend names (empty: torch's choice); None: DEFAULT_DECODE_ATTENTION.
+        # The kernels the decode steps may use: "triton" (grpo_kernels' decode kernel, 3.1x cuDNN's sdpa per call
+        # on the H200, `benchmarks/results/decode-attention-h200/`) and/or torch's SDPBackend names (empty: torch's
+        # choice); None: DEFAULT_DECODE_ATTENTION.
         # Checked here: a one-line ValueError before any rollout.
         self._sdpa = DEFAULT_DECODE_ATTENTION if sdpa_backends is None else tuple(sdpa_backends)
         sdpa_backend_list(self._sdpa)
         # torch.compile's fused kernels for the token step (the graph captures them as they are): ~1.5x the
-        # tokens/s of the plain graph on the H200, for ~35 s of compiling per row count and process.
+        # tokens/s of the plain graph on the H200 (`benchmarks/generation_bench.py`), for ~35 s of compiling per
+        # row count and process.
         self.compiled = compiled
         self._take = torch.compile(decode_and_take, dynamic=False) if compiled else decode_and_take
         self._on_compile_failure, self._on_kernel_failure = on_compile_failure, on_kernel_failure

@@ -10,11 +10,11 @@ from typing import Any, NamedTuple
 import torch
 
 from grpo_tui.config.schema import GENERATION_BACKENDS
+from grpo_tui.losses.base import loss_mask, peft_base
 from grpo_tui.runs.failures import labelled_failure
-from grpo_tui.train.decode_copy import DecodeCopy, DecodeCopyError, merge_blockers, peft_base
+from grpo_tui.train.decode_copy import DecodeCopy, DecodeCopyError, merge_blockers
 from grpo_tui.train.decode_model import fused_blockers
 from grpo_tui.train.generation import Sampling, StaticDecoder
-from grpo_tui.train.loss_phase import loss_mask
 from grpo_tui.train.phase_memory import MIB
 
 

@@ -298,8 +298,8 @@ def test_bf16_padded_rows_skipped_match_fp64_reference(level):
 @pytest.mark.parametrize("padding", [0, 50])
 def test_bf16_extra_peak_is_the_accumulator_and_one_chunk(padding):
     # Qwen's head at 4,096 valid tokens: the loss's extra peak (grads included) is the fp32 dW accumulator +
-    # the [C, V] chunk buffer + the valid rows' dH, never also the bf16 copy of dW (d774db5 kept a view of the
-    # chunk buffer alive during that copy: +297 MiB); scoring's is its own, smaller chunk buffer
+    # the [C, V] chunk buffer + the valid rows' dH, never also the bf16 copy of dW (a view of the chunk buffer
+    # kept alive during that copy would add +297 MiB); scoring's is its own, smaller chunk buffer
     from grpo_kernels import default_chunk_tokens
 
     B, T, H, V, MIB = 8 * 100 // (100 - padding), 512, 1024, 151936, 2**20

@@ -6,8 +6,12 @@ import json
 
 import pytest
 import torch
+from benchmark_scripts import load_benchmark  # tests/ is on sys.path (its conftest.py)
 
-from grpo_kernels import bench, bench_padded, bench_providers
+bench = load_benchmark("kernel/bench")
+bench_padded = load_benchmark("kernel/bench_padded")
+bench_providers = load_benchmark("kernel/bench_providers")
+timing = load_benchmark("kernel/timing")
 
 
 def _cpu_inputs(batch: int, seq: int, hidden: int, vocab: int, seed: int = 0, device: str = "cpu") -> dict:
@@ -79,11 +83,11 @@ def _cpu_run(monkeypatch, argv: list[str]) -> tuple[int, list[int]]:
         out = step()
         if isinstance(out, torch.Tensor):
             out.backward()
-        return 1.0 + len(calls), 0.0, 0.0, bench.state_summary([(1500.0, 690.04), None, (1700.0, 699.0)])
+        return 1.0 + len(calls), 0.0, 0.0, timing.state_summary([(1500.0, 690.04), None, (1700.0, 699.0)])
 
     monkeypatch.setattr(bench, "make_inputs", _cpu_inputs)
     monkeypatch.setattr(bench_providers, "make_inputs", _cpu_inputs)  # the padded mode's source
-    monkeypatch.setattr(bench, "measure", cpu_measure)
+    monkeypatch.setattr(timing, "measure", cpu_measure)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "cpu-test")
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
@@ -248,19 +252,19 @@ def test_padded_table_formats_cells_as_the_plain_one():
     row = bench_padded.table(recs).splitlines()[2]
     assert row.startswith("| loss | 4,096 | 25% (25.0% of 8 x 683) | 5.0 ms / 1,500 MiB |")
     assert "| OOM |" in row and row.endswith("| 6.0 ms / 1,000 MiB (1.20x floor, 1.50x faster than trl) |")
-    assert bench.cell("chunked", recs[3], 5.0, 9.0) == "6.0 ms / 1,000 MiB (1.20x floor, 1.50x faster than trl)"
+    assert timing.cell("chunked", recs[3], 5.0, 9.0) == "6.0 ms / 1,000 MiB (1.20x floor, 1.50x faster than trl)"
 
 
 def test_state_summary_takes_medians_of_the_reads_that_answered():
-    assert bench.state_summary([(1500.0, 690.0), (1400.0, 700.0), (1900.0, 650.04)]) == {
+    assert timing.state_summary([(1500.0, 690.0), (1400.0, 700.0), (1900.0, 650.04)]) == {
         "sm_mhz": 1500.0,
         "power_w": 690.0,
     }
-    assert bench.state_summary([None, (1800.0, 512.345)]) == {"sm_mhz": 1800.0, "power_w": 512.3}
-    assert bench.state_summary([None, None]) == {} and bench.state_summary([]) == {}
+    assert timing.state_summary([None, (1800.0, 512.345)]) == {"sm_mhz": 1800.0, "power_w": 512.3}
+    assert timing.state_summary([None, None]) == {} and timing.state_summary([]) == {}
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the answer where no GPU is there to read")
 def test_gpu_state_is_none_without_a_gpu():
     # The bench's timing must not depend on NVML: without a GPU (or NVML) the read is None, not an error
-    assert bench.gpu_state() is None
+    assert timing.gpu_state() is None

@@ -26,7 +26,7 @@ def test_first_dw_gemm_overwrites_the_accumulator():
 def test_mask_terms_follow_the_first_chunks_launches(monkeypatch, make_inputs, level):
     # The per-token terms that need only the mask (token weights, old/ref masked) are prepared once the first
     # chunk's GEMM and pass are queued, not before: in a bench rep they held back the first GEMM by ~1.2 ms of
-    # host time (H200, call Q). Once per call, whatever the chunk count.
+    # host time on the H200 (`benchmarks/kernel/kernel_profile.py`). Once per call, whatever the chunk count.
     from grpo_kernels import functional, probs
 
     order = []

@@ -2,7 +2,7 @@
 
 The loss path's peak is the fp32 dW accumulator plus the [C, V] chunk buffer. The loss's backward writes the
 accumulator, scaled by grad_output, into the weight's dtype (a weight-sized tensor); if the chunk buffer were
-still alive then (a view of it outliving the chunk loop, as on d774db5 for the copy that then ended the forward),
+still alive then (a view of it outliving the chunk loop, as once for the copy that ended the forward),
 the peak would grow by that tensor: +297 MiB at V = 151,936, H = 1,024 in bf16. The tests look at every live
 tensor at the moment of that write (`gc` sees each tensor and each view; a view keeps its base's storage alive),
 and count the scoring path's chunk rows by budget.

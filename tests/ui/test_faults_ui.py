@@ -1,5 +1,5 @@
-"""Hostile metrics lines through the dashboard: +-inf, NaN, out-of-range numbers, deep and overlong lines
-(issue 11 item 6). Neither the view model nor the app may crash or hang; non-finite values are gaps."""
+"""Hostile metrics lines through the dashboard: +-inf, NaN, out-of-range numbers, deep and overlong lines.
+Neither the view model nor the app may crash or hang; non-finite values are gaps."""
 
 from __future__ import annotations
 

@@ -26,7 +26,8 @@ from textual.widgets import Footer, Header, Input, Label, Select, Static, Switch
 from textual.worker import get_current_worker
 
 from grpo_tui.config import checks, schema, store
-from grpo_tui.config.schema import PRESET_NAME_RE, Preset, format_errors, literal_choices, walk_fields
+from grpo_tui.config.schema import PRESET_NAME_RE, Preset, format_errors, walk_fields
+from grpo_tui.config.schema_walk import literal_choices
 
 # Seconds of quiet after a keystroke before the cross-field checks run: one run per pause, not per key.
 CHECK_DELAY_S = 0.3

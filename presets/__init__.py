@@ -1,1 +1,0 @@
-"""The built-in presets: package data of grpo-tui, found through importlib.resources (see grpo_tui.config.store); the import name is `grpo_tui_presets`."""
