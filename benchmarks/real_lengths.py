@@ -59,14 +59,16 @@ def timed(device: torch.device, run) -> tuple[Any, float]:
     return out, time.perf_counter() - start
 
 
-def measure_shape(model: Any, prompts: list[list[int]], rows: int, cap: int, stop: int, pad: int, seed: int):
+def measure_shape(
+    model: Any, prompts: list[list[int]], rows: int, cap: int, stop: int, pad: int, seed: int, compiled: bool = True
+):
     from grpo_tui.train.generation import StaticDecoder
 
     device = model.device
     graph = device.type == "cuda"
     lengths = realistic_lengths(rows, cap, seed)
     batch = prompts[:rows]
-    decoders = {name: StaticDecoder(graph, graph, compact=name == "compacted") for name in VARIANTS}
+    decoders = {name: StaticDecoder(graph, graph and compiled, compact=name == "compacted") for name in VARIANTS}
     row: dict[str, Any] = {"rows": rows, "cap": cap, "mean_length": sum(lengths) / rows}
     for name, decoder in decoders.items():
         drawn = None if name == "to-cap" else lengths
@@ -118,6 +120,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", type=Path, help="GSM8K-style .jsonl with a 'question' column")
     parser.add_argument("--shapes", default=None, help="ROWSxCAP,... (default 128x1024,64x2048; 24x48 with --tiny)")
     parser.add_argument("--seed", type=int, default=0, help="the completion-length draw")
+    parser.add_argument(
+        "--plain",
+        action="store_true",
+        help="graphs of the plain step, not torch.compile's (no compile per row count; slower per step)",
+    )
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     try:
@@ -155,11 +162,12 @@ def main(argv: list[str] | None = None) -> int:
         "model": name,
         "prompts": str(args.data) if args.data else "synthetic",
         "seed": args.seed,
+        "compiled": not args.plain,
         "rows": [],
     }
     args.out.mkdir(parents=True, exist_ok=True)
     for rows, cap in shapes:
-        result["rows"].append(measure_shape(decoded, prompts, rows, cap, stop, pad, args.seed))
+        result["rows"].append(measure_shape(decoded, prompts, rows, cap, stop, pad, args.seed, not args.plain))
         (args.out / "real-lengths.json").write_text(json.dumps(result, indent=1) + "\n")
     print(table(result["rows"]))
     return 0
