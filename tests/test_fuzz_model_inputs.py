@@ -25,8 +25,9 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from grpo_tui.cli import main
+from grpo_tui.config.store import BUILTIN_DIR
 
-TINY_PRESET = Path(__file__).resolve().parents[1] / "presets" / "tiny-cpu.toml"
+TINY_PRESET = BUILTIN_DIR / "tiny-cpu.toml"
 
 # Cases per CI run: each export that gets as far as loading reads and writes the tiny model (~0.1 s).
 ARGV_CASES = 80
