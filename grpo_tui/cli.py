@@ -157,6 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     sup = sub.add_parser("supervise")  # internal: the detached supervisor (not in the command list)
     sup.add_argument("run_dir", type=Path)
+    sup.add_argument("--lock-fd", type=int, default=None)  # the run's claim, handed on by the parent
     sup.set_defaults(handler=_cmd_supervise)
 
     for words, target in PASSTHROUGH.items():
@@ -381,9 +382,13 @@ def _cmd_control(args: argparse.Namespace) -> int:
 
 
 def _cmd_supervise(args: argparse.Namespace) -> int:
+    from grpo_tui.launch.claim import adopt_claim
     from grpo_tui.launch.supervisor import supervise
+    from grpo_tui.runs.folder import RunDir
 
-    return supervise(args.run_dir)
+    run = RunDir(args.run_dir.resolve())
+    claim = None if args.lock_fd is None else adopt_claim(run, args.lock_fd)
+    return supervise(run.path, claim=claim)
 
 
 if __name__ == "__main__":

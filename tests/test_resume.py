@@ -125,7 +125,7 @@ def test_resume_refusals_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixt
     run.request(stop=True)
     started: list[Path] = []
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(resume, "run_foreground", lambda path, headless: started.append(path) or 0)
+        patch.setattr(resume, "run_foreground", lambda path, headless, claim: started.append(path) or 0)
         code, err = _resume_cli([str(run.path)], capsys)
     assert code == 0 and err == [] and started == [run.path]
     assert json.loads(run.command.read_text())["argv"][-1] == "--resume"

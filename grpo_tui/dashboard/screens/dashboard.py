@@ -273,12 +273,10 @@ class DashboardScreen(Screen[None]):
     def action_resume(self) -> None:
         """R: continue a stopped or failed run from its last checkpoint (as `grpo-tui resume RUN --detach`)."""
         from grpo_tui.config.schema import PresetError
-        from grpo_tui.launch import supervisor
-        from grpo_tui.launch.resume import prepare_resume
+        from grpo_tui.launch.resume import start_resume
 
         try:
-            run = prepare_resume(self.run_path)
-            supervisor.spawn_detached(run.path)
+            run, _ = start_resume(self.run_path)
         except PresetError as exc:
             call_from_worker(self, self.notify, exc.lines[0], title="Not resumed", severity="warning")
             return
