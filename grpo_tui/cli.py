@@ -382,8 +382,8 @@ def _cmd_control(args: argparse.Namespace) -> int:
 
 
 def _cmd_supervise(args: argparse.Namespace) -> int:
-    from grpo_tui.launch.claim import adopt_claim
     from grpo_tui.launch.supervisor import supervise
+    from grpo_tui.runs.claim import adopt_claim
     from grpo_tui.runs.folder import RunDir
 
     run = RunDir(args.run_dir.resolve())

@@ -12,8 +12,8 @@ from test_runner import fake_run, steps_logged, wait_for
 
 from grpo_tui.config.schema import PresetError
 from grpo_tui.config.types import clip
-from grpo_tui.launch.claim import RESUMING, RUNNING, claim_run
 from grpo_tui.launch.supervisor import stop_run
+from grpo_tui.runs.claim import RESUMING, RUNNING, claim_run
 from grpo_tui.runs.folder import RunDir
 from grpo_tui.runs.metrics import read_records
 

@@ -6,7 +6,7 @@ optimizer, scheduler, RNG and step from RUN/checkpoints/checkpoint-<step>/), app
 `logging.save_steps` and at every stop, so a stopped run can always be resumed; a failed one only
 from a checkpoint saved before it failed.
 
-The run's claim (launch/claim.py) is taken before the checks and handed to the supervisor: of two
+The run's claim (runs/claim.py) is taken before the checks and handed to the supervisor: of two
 resumes at once, one starts and the other is told who holds the run.
 """
 
@@ -19,8 +19,8 @@ from pathlib import Path
 
 from grpo_tui.config.schema import PresetError
 from grpo_tui.config.types import clip
-from grpo_tui.launch.claim import RESUMING, RunClaim, claim_run
 from grpo_tui.launch.supervisor import run_foreground, spawn_detached
+from grpo_tui.runs.claim import RESUMING, RunClaim, claim_run
 from grpo_tui.runs.folder import RunDir, read_json, write_private_text
 from grpo_tui.runs.status import LIVE_STATES, RunStatus, judge, processes_alive
 

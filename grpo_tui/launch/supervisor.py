@@ -32,10 +32,10 @@ from grpo_tui.config.overrides import apply_overrides
 from grpo_tui.config.schema import Preset, PresetError
 from grpo_tui.config.store import dump_preset
 from grpo_tui.config.types import clip
-from grpo_tui.launch.claim import RUNNING, RunClaim, claim_run
 from grpo_tui.launch.command import build_launch_command, launch_env, per_node_commands, write_accelerate_config
 from grpo_tui.launch.process_group import group_members, process_identity, rank_groups, run_group, terminate_groups
 from grpo_tui.launch.progress import ProgressPrinter
+from grpo_tui.runs.claim import RUNNING, RunClaim, claim_run
 from grpo_tui.runs.failures import failure_reason, signal_name
 from grpo_tui.runs.folder import RunDir, open_private, read_json, write_private_text
 from grpo_tui.runs.metrics import MetricsTail
@@ -239,7 +239,7 @@ def supervise(
 ) -> int:
     """Run the trainer of a prepared folder to the end; the body of `run` and of a detached run.
 
-    `claim` is the run's lock taken by the caller (launch/claim.py); without one it is taken here
+    `claim` is the run's lock taken by the caller (runs/claim.py); without one it is taken here
     (PresetError, one line, when another process holds it). It is released when the run has ended
     and its final status is written. With `echo`, progress lines go there. With `interactive`, the first SIGINT asks for a graceful
     stop and the second kills; otherwise SIGINT and SIGTERM kill at once (a detached supervisor is

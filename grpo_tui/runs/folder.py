@@ -9,7 +9,7 @@ runs/<YYYYmmdd-HHMMSS>-<preset>/
     completions.jsonl      sampled completions with rewards and advantages, bounded per step
     control.json           requests to the trainer (loss_impl switch, stop), written atomically
     run.json               pids, process group, state, exit code (written by the runner; status.judge reads it)
-    run.lock               the claim of the one supervisor driving the run (launch/claim.py)
+    run.lock               the claim of the one supervisor driving the run (runs/claim.py)
     checkpoints/           checkpoint-<step>/ from the trainer (logging.save_steps, every stop); `resume` reads them
     heartbeat*.json        each rank's phase in progress, rewritten every few seconds (see heartbeat.py)
 

@@ -56,7 +56,7 @@ async def test_r_on_a_finished_run_says_why_not(app_factory, runs_dir: Path, mon
 
 
 async def test_r_on_a_run_another_process_holds_names_it(app_factory, runs_dir: Path, monkeypatch) -> None:
-    from grpo_tui.launch.claim import RUNNING, claim_run
+    from grpo_tui.runs.claim import RUNNING, claim_run
     from grpo_tui.runs.folder import RunDir
 
     run = make_run(runs_dir / "held", steps=10, finished=False).path

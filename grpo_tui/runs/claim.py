@@ -22,6 +22,7 @@ from grpo_tui.runs.folder import PRIVATE_FILE_MODE, RunDir
 # What the holder is doing, as the refusal names it.
 RESUMING = "resumed"
 RUNNING = "run"
+SETTLING = "settled"  # a reader recording the outcome of a run no supervisor drives (status.settle)
 # Largest holder record read back: a pid and a word.
 MAX_HOLDER_BYTES = 256
 
@@ -92,7 +93,7 @@ def adopt_claim(run: RunDir, fd: int) -> RunClaim:
 def busy_message(path: Path, holder: dict[str, object]) -> str:
     """The one line a claimant gets when the run is held."""
     pid = holder.get("pid")
-    action = holder.get("action") if holder.get("action") in (RESUMING, RUNNING) else RUNNING
+    action = holder.get("action") if holder.get("action") in (RESUMING, RUNNING, SETTLING) else RUNNING
     who = f"pid {pid}" if isinstance(pid, int) and not isinstance(pid, bool) else "another process"
     return f"{clip(str(path))} is being {action} by {who}"
 
