@@ -18,6 +18,7 @@ from typing import Any
 
 from grpo_tui.config.types import clip
 from grpo_tui.dashboard.alerts import Alert, AlertLog, detect_alerts
+from grpo_tui.dashboard.attempts import Attempt
 from grpo_tui.dashboard.loading import load_recent, load_run
 from grpo_tui.dashboard.monitor import GpuHistory, MonitorSnapshot
 from grpo_tui.dashboard.state import PEAK_MIB, RunState, phase_series
@@ -75,6 +76,7 @@ class ProgressInfo:
     state: str
     loss_impl: str | None
     generation: str | None = None  # "graph · 12,345 tok/s": the rollout backend and its recent throughput
+    attempts: tuple[Attempt, ...] = ()  # the first start and each resume (listed when there are several)
 
 
 @dataclass(frozen=True)
@@ -211,6 +213,7 @@ class DashboardFeed:
             state=self._status,
             loss_impl=state.loss_impl or None,
             generation=generation_label(state),
+            attempts=tuple(state.attempts()),
         )
         control = self._read_control()
         live = self._status in LIVE_STATES

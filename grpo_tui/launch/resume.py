@@ -81,6 +81,8 @@ def prepare_resume(run: RunDir, shown: str) -> None:
     run.request(stop=False, kill=False)
     run.update_status(
         status=RunStatus.STARTING,
+        # The supervisor records its own start time; the run's first one is kept for "started".
+        first_started=meta.get("first_started") or meta.get("started") or meta.get("created"),
         created=time.time(),
         ended=None,
         exit_code=None,

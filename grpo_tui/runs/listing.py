@@ -52,7 +52,7 @@ def run_info(run_path: Path, meta: dict[str, Any] | None = None) -> RunInfo:
         verdict = settle(run.path)  # run.json still says live: whoever sees the end records it
     steps = step_records(tail)
     last = steps[-1] if steps else {}
-    started = as_float(meta.get("started"))
+    started = as_float(meta.get("first_started")) or as_float(meta.get("started"))  # a resumed run's first start
     if started is None:
         starts = [r for r in tail if r.get("event") == "start"]
         started = as_float(starts[0].get("time")) if starts else as_float(meta.get("created"))

@@ -178,10 +178,11 @@ def stream_status(events: Iterable[tuple[str, dict[str, Any]]]) -> RunStatus:
     """From (kind, fields) of a run's events: failed (error / oom), stopped (a finish after a stop
     request or a lost supervisor, or saying stopped), finished, or running (no end yet). Only the events
     after the last resume count: the earlier attempt's end is not the resumed run's."""
-    kinds = {kind for kind, _ in current_attempt(events)}
+    current = current_attempt(events)
+    kinds = {kind for kind, _ in current}
     if kinds & {"error", "oom"}:
         return RunStatus.FAILED
-    finish = [fields for kind, fields in events if kind == "finish"]
+    finish = [fields for kind, fields in current if kind == "finish"]
     if finish:
         stopped = bool(kinds & {"stop_requested", "supervisor_lost"}) or finish[-1].get("stopped") is True
         return RunStatus.STOPPED if stopped else RunStatus.FINISHED
