@@ -272,6 +272,8 @@ def _cmd_presets_show(args: argparse.Namespace) -> int:
     preset, path = load_preset(args.preset, args.overrides)
     run_dir = Path(preset.logging.runs_dir) / f"<timestamp>-{preset.name}"
     print(f"# {path}, resolved (every default filled in)")
+    if not preset.data.source.startswith("builtin:"):
+        print(f"# data.source: a relative path in the file is read from the file's folder ({path.parent})")
     print(dump_preset(preset))
     print("# launch command:")
     print("#   " + format_command(build_launch_command(preset, run_dir), launch_env(preset)))

@@ -303,7 +303,7 @@ def test_several_bad_sets_give_one_line_each() -> None:
             '[data]\nsource = "builtin:subtraction"\n',
             "data.source: got 'builtin:subtraction'; allowed: builtin:addition",
         ),
-        ('[data]\nsource = "missing/train.jsonl"\n', "data.source: got 'missing/train.jsonl'; no such file"),
+        ('[data]\nsource = "/nonexistent/train.jsonl"\n', "data.source: got '/nonexistent/train.jsonl'; no such file"),
         ('[data]\nsource = "not a dataset"\n', "data.source: got 'not a dataset'; allowed:"),
         (
             '[rewards]\nfunctions = [{ name = "gsm8k_corect" }]\n',

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from grpo_tui.config.data_check import data_file_problems
 from grpo_tui.config.schema import GENERATION_BACKENDS, Preset
 from grpo_tui.config.types import ECHO_LIMIT, clip, shorten
 from grpo_tui.tasks.data import BUILTIN_ADDITION, LOCAL_SUFFIXES, first_row, template_problem
@@ -222,6 +223,8 @@ def _check_data(preset: Preset, result: CheckResult, row: Mapping[str, Any] | No
         if path.suffix in LOCAL_SUFFIXES:  # what grpo_tui.tasks.data reads from a local file
             if not _exists(path, file=True):
                 result.errors.append(f"data.source: got {shorten(source)}; no such file")
+            else:
+                result.errors += data_file_problems(path, preset.data.prompt_template)
         elif _exists(path):
             result.errors.append(
                 f"data.source: got {shorten(source)}; a local file must end in .jsonl, .json or .parquet"

@@ -19,6 +19,7 @@ from typing import Any, Literal
 from grpo_tui.config.overrides import apply_overrides
 from grpo_tui.config.schema import PRESET_NAME_RE, Preset, PresetError, name_from_stem, validate_data
 from grpo_tui.config.types import clip, shorten
+from grpo_tui.tasks.data import LOCAL_SUFFIXES
 
 USER_DIR_ENV = "GRPO_TUI_PRESETS_DIR"
 # Package data (the repository's top-level presets/ folder), so a wheel install has them too.
@@ -130,7 +131,18 @@ def load_preset_file(path: Path) -> Preset:
     """
     data = read_toml(path)
     data.setdefault("name", name_from_stem(Path(path).stem))
-    return validate_data(data, str(path))
+    return beside_file(validate_data(data, str(path)), Path(path))
+
+
+def beside_file(preset: Preset, path: Path) -> Preset:
+    """`preset` with a relative local `data.source` read from the preset file's folder, not the
+    current one: a preset and the data file beside it work from anywhere."""
+    source = preset.data.source
+    local = Path(source).suffix in LOCAL_SUFFIXES or source.startswith(("./", "../"))
+    if source.startswith("builtin:") or not local or Path(source).expanduser().is_absolute():
+        return preset
+    resolved = str(Path(path).resolve().parent / source)
+    return preset.model_copy(update={"data": preset.data.model_copy(update={"source": resolved})})
 
 
 def load_preset(arg: str, overrides: list[str] | None = None) -> tuple[Preset, Path]:

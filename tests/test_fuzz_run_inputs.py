@@ -1,0 +1,60 @@
+"""Property-based fuzz of the files and values a preset points at: a local data file's bytes.
+
+Whatever a data file holds (random bytes, random JSON lines, a bad line among good ones), `presets
+validate` raises nothing and a refusal is one short line per problem that names the preset file.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import tomllib
+from contextlib import redirect_stderr, redirect_stdout
+from pathlib import Path
+
+import pytest
+import tomli_w
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from grpo_tui.cli import main
+from grpo_tui.config.store import BUILTIN_DIR
+
+# Cases per CI run (in-process `main`, a few ms each).
+DATA_CASES = 300
+LINE_LIMIT = 700
+TINY = tomllib.loads((BUILTIN_DIR / "tiny-cpu.toml").read_text(encoding="utf-8"))
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=12),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+    max_leaves=8,
+)
+rows = st.dictionaries(st.sampled_from(["question", "answer", "q", ""]), json_values, max_size=3)
+json_lines = st.lists(st.one_of(rows.map(json.dumps), json_values.map(json.dumps), st.text(max_size=30)), max_size=8)
+data_bytes = st.one_of(
+    json_lines.map(lambda lines: "".join(line + "\n" for line in lines).encode("utf-8", "surrogatepass")),
+    st.binary(max_size=200),
+)
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("fuzz-data")
+
+
+@settings(max_examples=DATA_CASES, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+@given(content=data_bytes, suffix=st.sampled_from([".jsonl", ".json"]))
+def test_fuzz_data_files_through_validate(folder: Path, content: bytes, suffix: str) -> None:
+    data = folder / f"train{suffix}"
+    data.write_bytes(content)
+    preset = {**TINY, "name": "fuzz", "data": {**TINY["data"], "source": data.name}}
+    path = folder / "fuzz.toml"
+    path.write_text(tomli_w.dumps(preset), encoding="utf-8")
+    err = io.StringIO()
+    with redirect_stdout(io.StringIO()), redirect_stderr(err):
+        code = main(["presets", "validate", str(path)])
+    lines = err.getvalue().splitlines()
+    assert code in (0, 2), err.getvalue()
+    assert all(line.startswith(f"{path}: ") and len(line) <= LINE_LIMIT for line in lines), lines
+    assert (code == 2) == any(": warning" not in line for line in lines)
