@@ -58,3 +58,41 @@ def test_fuzz_data_files_through_validate(folder: Path, content: bytes, suffix: 
     assert code in (0, 2), err.getvalue()
     assert all(line.startswith(f"{path}: ") and len(line) <= LINE_LIMIT for line in lines), lines
     assert (code == 2) == any(": warning" not in line for line in lines)
+
+
+REWARD_CASES = 200
+REWARD_MODULE = "fuzz_reward_answers"
+reward_answers = st.one_of(
+    json_values,
+    st.lists(st.one_of(st.floats(), st.integers(), st.none(), st.text(max_size=4), st.booleans()), max_size=4),
+    st.tuples(st.floats(), st.floats()),
+)
+
+
+@pytest.fixture(scope="module")
+def reward_module(tmp_path_factory: pytest.TempPathFactory):
+    import importlib
+    import sys
+
+    folder = tmp_path_factory.mktemp("fuzz-reward")
+    (folder / f"{REWARD_MODULE}.py").write_text("ANSWER = None\n\ndef reward(**kwargs):\n    return ANSWER\n")
+    sys.path.insert(0, str(folder))
+    try:
+        yield importlib.import_module(REWARD_MODULE)
+    finally:
+        sys.path.remove(str(folder))
+        sys.modules.pop(REWARD_MODULE, None)
+
+
+@settings(max_examples=REWARD_CASES, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+@given(answer=reward_answers)
+def test_fuzz_reward_answers_through_show(reward_module, answer) -> None:
+    reward_module.ANSWER = answer
+    out = io.StringIO()
+    with redirect_stdout(out), redirect_stderr(io.StringIO()):
+        code = main(["presets", "show", "tiny-cpu", "--set", f"rewards.functions=[{{name='{REWARD_MODULE}:reward'}}]"])
+    errors = [line for line in out.getvalue().splitlines() if line.startswith("# error: ")]
+    fits = isinstance(answer, (list, tuple)) and len(answer) == 2
+    fits = fits and all(v is None or (isinstance(v, (int, float)) and not isinstance(v, bool)) for v in answer)
+    assert code == (0 if fits else 2), errors
+    assert all(len(line) <= LINE_LIMIT and "rewards.functions.0.name" in line for line in errors), errors

@@ -18,6 +18,7 @@ from grpo_tui.config.data_check import data_file_problems
 from grpo_tui.config.schema import GENERATION_BACKENDS, Preset
 from grpo_tui.config.types import ECHO_LIMIT, clip, shorten
 from grpo_tui.tasks.data import BUILTIN_ADDITION, LOCAL_SUFFIXES, first_row, template_problem
+from grpo_tui.tasks.reward_trial import reward_trial_problem, sample_prompt
 from grpo_tui.tasks.rewards import REWARDS, RewardError, resolve_reward, signature_problem
 from grpo_tui.tasks.shapes import QWEN3_SHAPES
 from grpo_tui.tasks.tiny import BUILTIN_MODEL
@@ -259,7 +260,10 @@ def _check_rewards(preset: Preset, result: CheckResult, row: Mapping[str, Any] |
             continue
         try:
             # Imports a module:function reward (its top-level code runs: see the README's Security section).
-            problem = signature_problem(resolve_reward(spec.name), columns)
+            func = resolve_reward(spec.name)
+            problem = signature_problem(func, columns)
+            if problem is None and spec.name not in REWARDS and row is not None:
+                problem = reward_trial_problem(func, row, sample_prompt(preset.data.prompt_template, row))
         except RewardError as exc:
             problem = str(exc).removeprefix("rewards.functions.name: ")
         if problem:
