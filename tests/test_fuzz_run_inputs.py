@@ -96,3 +96,12 @@ def test_fuzz_reward_answers_through_show(reward_module, answer) -> None:
     fits = fits and all(v is None or (isinstance(v, (int, float)) and not isinstance(v, bool)) for v in answer)
     assert code == (0 if fits else 2), errors
     assert all(len(line) <= LINE_LIMIT and "rewards.functions.0.name" in line for line in errors), errors
+
+
+@settings(max_examples=200, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+@given(name=st.from_regex(r"[A-Za-z0-9][\w.-]{0,20}/[\w.-]{1,20}", fullmatch=True) | st.text(max_size=40))
+def test_fuzz_model_ids_through_the_hub_check(name: str) -> None:
+    from grpo_tui.config.hub_check import hub_model_problem
+
+    problem = hub_model_problem(name, True)  # HF_HUB_OFFLINE (conftest): decided without the network
+    assert problem is None or (problem.startswith("model.name_or_path: ") and "\n" not in problem), problem

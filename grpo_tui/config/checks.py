@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo_tui.config.data_check import data_file_problems
+from grpo_tui.config.hub_check import hub_model_problem
 from grpo_tui.config.schema import GENERATION_BACKENDS, Preset
 from grpo_tui.config.types import ECHO_LIMIT, clip, shorten
 from grpo_tui.tasks.data import BUILTIN_ADDITION, LOCAL_SUFFIXES, first_row, template_problem
@@ -59,18 +60,21 @@ def check_preset(preset: Preset, environment: bool = True, visible_gpus: int | N
 
 
 def environment_errors(preset: Preset, visible_gpus: int | None = None) -> list[str]:
-    """The errors only this machine causes (too few GPUs): `check_preset`'s difference between
+    """The errors only this machine causes (too few GPUs, a hub model it cannot get): `check_preset`'s difference between
     `environment=True` and `False`, for a caller that shows both without running every check twice."""
+    name = preset.model.name_or_path
+    hub = hub_model_problem(name, not name.startswith("builtin:") and bool(HUB_ID_RE.match(name)))
+    errors = [hub] if hub else []
     d = preset.distributed
     if d.use_cpu:
-        return []
+        return errors
     seen = visible_gpu_count() if visible_gpus is None else visible_gpus
     if d.num_processes > seen:
-        return [
+        errors.append(
             f"distributed.num_processes: got {d.num_processes}; {seen} GPU(s) visible on this machine "
             "(one process per GPU; or set distributed.use_cpu=true)"
-        ]
-    return []
+        )
+    return errors
 
 
 def generation_batch(preset: Preset) -> int:
