@@ -105,3 +105,28 @@ def test_fuzz_model_ids_through_the_hub_check(name: str) -> None:
 
     problem = hub_model_problem(name, True)  # HF_HUB_OFFLINE (conftest): decided without the network
     assert problem is None or (problem.startswith("model.name_or_path: ") and "\n" not in problem), problem
+
+
+@settings(max_examples=200, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+@given(
+    beta=st.floats(allow_nan=False, allow_infinity=False) | st.integers(min_value=-(2**80), max_value=2**80),
+    alpha=st.floats(allow_nan=False, allow_infinity=False) | st.integers(min_value=-(2**80), max_value=2**80),
+    blank=st.text(alphabet=" \t", max_size=5),
+)
+def test_fuzz_bounds_and_blanks(beta, alpha, blank: str) -> None:
+    from pydantic import ValidationError
+
+    from grpo_tui.config.schema import Preset
+
+    for section, key, value, ok in (
+        ("grpo", "beta", beta, 0 <= beta <= 100),
+        ("peft", "alpha", alpha, 0 < alpha <= 65536),
+        ("model", "name_or_path", blank, False),
+        ("distributed", "fsdp_version", bool(len(blank) % 2), False),
+    ):
+        try:
+            Preset.model_validate({section: {key: value}})
+            accepted = True
+        except ValidationError:
+            accepted = False
+        assert accepted == ok, (section, key, value)

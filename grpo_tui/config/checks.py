@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from grpo_tui.config.data_check import data_file_problems
+from grpo_tui.config.data_check import data_file_problems, template_columns
 from grpo_tui.config.hub_check import hub_model_problem
 from grpo_tui.config.schema import GENERATION_BACKENDS, Preset
 from grpo_tui.config.types import ECHO_LIMIT, clip, shorten
@@ -238,6 +238,8 @@ def _check_data(preset: Preset, result: CheckResult, row: Mapping[str, Any] | No
             result.errors.append(f"data.source: got {shorten(source)}; allowed: {allowed}")
     # Tried on the first row where it is known, else for its form alone; the trainer checks again.
     problem = template_problem(preset.data.prompt_template, row, echo=shorten)
+    if problem is None and not template_columns(preset.data.prompt_template):
+        problem = "names no column of the data, so every prompt is the same; use {column}, e.g. {question}"
     if problem:
         result.errors.append(f"data.prompt_template: {problem}")
 

@@ -18,11 +18,14 @@ from pydantic.fields import FieldInfo
 from grpo_tui.config.types import (
     ECHO_LIMIT,
     MAX_BATCH,
+    MAX_BETA,
+    MAX_LORA_ALPHA,
     MAX_LORA_RANK,
     MAX_PROCESSES,
     MAX_REWARD_WEIGHT,
     MAX_ROWS,
     MAX_TEMPERATURE,
+    NOT_BOOL,
     SEED_LIMIT,
     Count,
     Float,
@@ -82,6 +85,13 @@ class ModelSection(_Section):
     )
     trust_remote_code: bool = False
 
+    @field_validator("name_or_path")
+    @classmethod
+    def _not_blank(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("a hub id (owner/name), a local folder or builtin:tiny-qwen3, not only whitespace")
+        return value
+
 
 class DataSection(_Section):
     source: PathText = Field(
@@ -112,6 +122,10 @@ class RewardsSection(_Section):
     def _not_empty(cls, value: list[RewardSpec]) -> list[RewardSpec]:
         if not value:
             raise ValueError("at least one reward function is needed")
+        names = [spec.name for spec in value]
+        twice = next((name for i, name in enumerate(names) if name in names[:i]), None)
+        if twice is not None:
+            raise ValueError(f"{shorten(twice)} is listed twice; list it once (its weight scales it)")
         return value
 
 
@@ -124,7 +138,7 @@ class GrpoSection(_Section):
     learning_rate: Annotated[Float, Field(gt=0.0, le=1.0)] = 1e-6
     lr_scheduler_type: Literal["constant", "linear", "cosine", "constant_with_warmup"] = "constant"
     warmup_steps: Steps = 0
-    beta: NonNegFloat = 0.0
+    beta: Annotated[NonNegFloat, Field(le=MAX_BETA)] = 0.0
     epsilon_low: Annotated[Float, Field(gt=0.0, lt=1.0)] = 0.2
     epsilon_high: Annotated[Float, Field(gt=0.0)] = 0.2
     loss_type: Literal["grpo", "bnpo", "dr_grpo", "dapo"] = "dapo"
@@ -182,7 +196,7 @@ class LossSection(_Section):
 class PeftSection(_Section):
     enabled: bool = False
     r: Annotated[PositiveInt, Field(le=MAX_LORA_RANK)] = 16
-    alpha: Annotated[Float, Field(gt=0.0)] = 32.0
+    alpha: Annotated[Float, Field(gt=0.0, le=MAX_LORA_ALPHA)] = 32.0
     dropout: Annotated[Float, Field(ge=0.0, lt=1.0)] = 0.05
     # Module names (an empty list with enabled = true is refused by the checks); 1,024 names is more
     # than a model has module kinds.
@@ -195,7 +209,7 @@ class DistributedSection(_Section):
     use_cpu: bool = Field(False, description="Train on the CPU (gloo between processes)")
     num_processes: Annotated[PositiveInt, Field(le=MAX_PROCESSES)] = 1
     fsdp: bool = False
-    fsdp_version: Literal[1, 2] = 2
+    fsdp_version: Annotated[Literal[1, 2], NOT_BOOL] = 2
     mixed_precision: Literal["no", "bf16", "fp16"] = "no"
     num_machines: Annotated[PositiveInt, Field(le=MAX_PROCESSES)] = 1
     machine_rank: Annotated[Int, Field(ge=0, lt=MAX_PROCESSES)] = 0
