@@ -44,6 +44,13 @@ def stopped_with_checkpoint(tmp_path: Path) -> RunDir:
 
 def test_two_resumes_at_once_start_one_run(tmp_path: Path) -> None:
     run = stopped_with_checkpoint(tmp_path)
+    try:
+        race(run)
+    finally:
+        stop_run(run.path, force=True, grace=1.0)  # whatever a failed assertion left running
+
+
+def race(run: RunDir) -> None:
     racers = [
         subprocess.Popen(
             [sys.executable, "-c", SLOW_RESUME, str(run.path)],
@@ -117,5 +124,8 @@ def test_a_killed_supervisor_leaves_no_stale_claim(tmp_path: Path) -> None:
     import signal
 
     os.kill(pid, signal.SIGKILL)
-    wait_for(lambda: _claimable(run), "the kernel to drop the dead supervisor's claim")
-    assert json.loads(run.lock.read_text())["pid"] == os.getpid()  # the last claimant, this test
+    try:
+        wait_for(lambda: _claimable(run), "the kernel to drop the dead supervisor's claim")
+        assert json.loads(run.lock.read_text())["pid"] == os.getpid()  # the last claimant, this test
+    finally:
+        os.killpg(run.read_status()["pgid"], signal.SIGKILL)  # the fake trainer does not watch its supervisor
