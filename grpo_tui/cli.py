@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -60,6 +61,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # The reader left (`grpo-tui runs | head -1`): not an error, as for other Unix tools. What is
+        # still buffered must not fail again when Python flushes stdout on exit.
+        _stdout_to_devnull()
+        return 0
     except Exception as exc:
         answer = user_error(exc, f"grpo-tui {argv[0]}" if argv else "grpo-tui")
         if answer is None:
@@ -68,6 +74,15 @@ def main(argv: list[str] | None = None) -> int:
         for line in lines:
             print(line, file=sys.stderr)
         return code
+
+
+def _stdout_to_devnull() -> None:
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):  # no real stdout (captured in tests): nothing to flush
+        pass
 
 
 def user_error(exc: Exception, where: str) -> tuple[int, list[str]] | None:
