@@ -136,7 +136,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.set_defaults(handler=_cmd_run)
 
     presets = sub.add_parser("presets", help="list, show or validate presets")
-    psub = presets.add_subparsers(dest="presets_command", metavar="{list,show,validate,save}", required=True)
+    psub = presets.add_subparsers(
+        dest="presets_command", metavar="{list,show,validate,save,delete,rename}", required=True
+    )
     plist = psub.add_parser("list", help="built-in and user presets")
     plist.set_defaults(handler=_cmd_presets_list)
     show = psub.add_parser("show", help="the resolved preset (defaults filled) and its launch command")
@@ -151,7 +153,11 @@ def build_parser() -> argparse.ArgumentParser:
     save.add_argument("--from", dest="source", default="tiny-cpu", help="preset to start from (default tiny-cpu)")
     add_set_option(save)
     save.add_argument("--force", action="store_true", help="replace a user preset of that name")
+    save.add_argument("--shadow", action="store_true", help="allow a built-in's name (yours is used in its place)")
     save.set_defaults(handler=_cmd_presets_save)
+    from grpo_tui.config import preset_admin  # light: the store and schema it imports are needed anyway
+
+    preset_admin.add_parsers(psub)
 
     runs = sub.add_parser("runs", help="list runs with their status")
     runs.add_argument("--runs-dir", type=Path, default=Path("runs"), help="folder holding run folders (default: runs)")
@@ -341,7 +347,7 @@ def _cmd_presets_save(args: argparse.Namespace) -> int:
     result = check_preset(preset, environment=False)
     if result.errors:
         raise PresetError(result.errors)
-    path = save_user_preset(preset, args.name, overwrite=args.force)
+    path = save_user_preset(preset, args.name, overwrite=args.force, shadow=args.shadow)
     print(f"saved {path}")
     return 0
 

@@ -130,3 +130,27 @@ def test_fuzz_bounds_and_blanks(beta, alpha, blank: str) -> None:
         except ValidationError:
             accepted = False
         assert accepted == ok, (section, key, value)
+
+
+@settings(max_examples=150, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+@given(old=st.text(max_size=70), new=st.text(max_size=70), command=st.sampled_from(["rename", "delete", "save"]))
+def test_fuzz_preset_names_through_rename_delete_save(tmp_path_factory, old: str, new: str, command: str) -> None:
+    import os
+
+    folder = tmp_path_factory.mktemp("fuzz-names")
+    os.environ["GRPO_TUI_PRESETS_DIR"] = str(folder)
+    try:
+        argv = {
+            "rename": ["presets", "rename", "--", old, new],
+            "delete": ["presets", "delete", "--yes", "--", old],
+            "save": ["presets", "save", "--", new],
+        }[command]
+        err = io.StringIO()
+        with redirect_stdout(io.StringIO()), redirect_stderr(err):
+            code = main(argv)
+    finally:
+        del os.environ["GRPO_TUI_PRESETS_DIR"]
+    lines = err.getvalue().splitlines()
+    assert code in (0, 2), err.getvalue()
+    assert code == 0 or (len(lines) >= 1 and all(len(line) <= LINE_LIMIT for line in lines)), lines
+    assert all(path.parent == folder for path in folder.rglob("*.toml"))  # nothing written outside the folder

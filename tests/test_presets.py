@@ -92,7 +92,7 @@ def test_shipped_presets_say_what_they_are() -> None:
 def test_user_preset_listed_beside_builtins_and_shadows(user_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     tiny, _ = load_preset("tiny-cpu")
     save_user_preset(tiny.model_copy(update={"description": "mine"}), "my-run")
-    save_user_preset(tiny.model_copy(update={"description": "my tiny"}))  # same name as the built-in
+    save_user_preset(tiny.model_copy(update={"description": "my tiny"}), shadow=True)  # a built-in's name
     entries = {e.name: e for e in list_presets()}
     assert entries["my-run"].origin == "user"
     assert entries["tiny-cpu"].origin == "user" and entries["tiny-cpu"].shadows_builtin

@@ -177,9 +177,9 @@ def dump_preset(preset: Preset) -> str:
     return tomli_w.dumps(preset_to_dict(preset))
 
 
-def save_user_preset(preset: Preset, name: str | None = None, overwrite: bool = False) -> Path:
+def save_user_preset(preset: Preset, name: str | None = None, overwrite: bool = False, shadow: bool = False) -> Path:
     """Write `preset` into the user folder as `<name>.toml` (name defaults to preset.name);
-    `overwrite` replaces a user preset of that name."""
+    `overwrite` replaces a user preset of that name; a new one with a built-in's name needs `shadow`."""
     name = name or preset.name
     if not PRESET_NAME_RE.match(name):
         raise PresetError([f"name: got {shorten(name)}; letters, digits, '.', '_' or '-' (at most 64)"])
@@ -188,6 +188,10 @@ def save_user_preset(preset: Preset, name: str | None = None, overwrite: bool = 
     path = folder / f"{name}.toml"
     if path.exists() and not overwrite:
         raise PresetError([f"{path}: a user preset with this name exists"])
+    if not path.exists() and not shadow and (BUILTIN_DIR / f"{name}.toml").is_file():
+        from grpo_tui.config.preset_admin import builtin_name_message
+
+        raise PresetError([builtin_name_message(name)])
     text = dump_preset(preset.model_copy(update={"name": name}))
     # Written whole then renamed: an overwrite never leaves a half-written preset behind.
     tmp = path.with_suffix(".toml.tmp")
