@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from grpo_tui.runs.metrics import PHASES
@@ -40,16 +41,19 @@ def pick(spec: str) -> tuple[str, dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("bars", nargs="+", metavar="LABEL=JSON:IMPL/BATCH")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--title", default="Whole GRPO step on one H200 (Qwen3-0.6B shape, completion 256)")
-    args = parser.parse_args(argv)
+    args = parser.parse_args(argv)  # before matplotlib: --help answers without it
+    try:
+        import matplotlib
+    except ImportError:
+        print("plot_steps: needs matplotlib (pip install matplotlib)", file=sys.stderr)
+        return 1
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     picked = [pick(spec) for spec in args.bars]
     fig, ax = plt.subplots(figsize=(9, 0.55 * len(picked) + 1.6))
     labelled: set[str] = set()  # each phase named once in the legend
