@@ -148,13 +148,6 @@ def build_parser() -> argparse.ArgumentParser:
     validate = psub.add_parser("validate", help="check preset files; exit 2 with one line per problem")
     validate.add_argument("files", nargs="+", help="preset names or .toml files")
     validate.set_defaults(handler=_cmd_presets_validate)
-    save = psub.add_parser("save", help="save a preset, with --set changes, as a user preset")
-    save.add_argument("name", help="the new preset's name")
-    save.add_argument("--from", dest="source", default="tiny-cpu", help="preset to start from (default tiny-cpu)")
-    add_set_option(save)
-    save.add_argument("--force", action="store_true", help="replace a user preset of that name")
-    save.add_argument("--shadow", action="store_true", help="allow a built-in's name (yours is used in its place)")
-    save.set_defaults(handler=_cmd_presets_save)
     from grpo_tui.config import preset_admin  # light: the store and schema it imports are needed anyway
 
     preset_admin.add_parsers(psub)
@@ -336,20 +329,6 @@ def _cmd_presets_validate(args: argparse.Namespace) -> int:
         if not static.errors:
             print(f"{path}: ok")
     return EXIT_USAGE if failed else 0
-
-
-def _cmd_presets_save(args: argparse.Namespace) -> int:
-    from grpo_tui.config.checks import check_preset
-    from grpo_tui.config.schema import PresetError
-    from grpo_tui.config.store import load_preset, save_user_preset
-
-    preset, _ = load_preset(args.source, args.overrides)
-    result = check_preset(preset, environment=False)
-    if result.errors:
-        raise PresetError(result.errors)
-    path = save_user_preset(preset, args.name, overwrite=args.force, shadow=args.shadow)
-    print(f"saved {path}")
-    return 0
 
 
 def _cmd_runs(args: argparse.Namespace) -> int:

@@ -1,4 +1,4 @@
-"""Managing user presets from the command line: `presets delete NAME` and `presets rename OLD NEW`.
+"""Managing user presets from the command line: `presets save`, `presets delete` and `presets rename`.
 
 Built-in presets are read-only; a user preset of a built-in's name is used in its place ("shadows"
 it), which `presets save` only does when asked (--shadow), since it hides the built-in silently.
@@ -10,8 +10,16 @@ import argparse
 import os
 import sys
 
+from grpo_tui.config.cli_args import add_set_option
 from grpo_tui.config.schema import PRESET_NAME_RE, PresetError
-from grpo_tui.config.store import BUILTIN_DIR, delete_user_preset, load_preset_file, user_presets_dir
+from grpo_tui.config.store import (
+    BUILTIN_DIR,
+    builtin_name_message,
+    delete_user_preset,
+    load_preset_file,
+    save_user_preset,
+    user_presets_dir,
+)
 from grpo_tui.config.types import clip, shorten
 
 
@@ -29,19 +37,10 @@ def rename_user_preset(old: str, new: str, shadow: bool = False) -> os.PathLike[
         raise PresetError([f"{target}: a user preset with this name exists; delete or rename it first"])
     if (BUILTIN_DIR / f"{new}.toml").is_file() and not shadow:
         raise PresetError([builtin_name_message(new)])
-    from grpo_tui.config.store import save_user_preset
-
     preset = load_preset_file(source)
     path = save_user_preset(preset, new, shadow=True)
     source.unlink()
     return path
-
-
-def builtin_name_message(name: str) -> str:
-    return (
-        f"name: {name} is a built-in preset; choose another name, or pass --shadow to use yours in its place"
-        " (delete yours to get the built-in back)"
-    )
 
 
 def cmd_delete(args: argparse.Namespace) -> int:
@@ -66,8 +65,28 @@ def cmd_rename(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_save(args: argparse.Namespace) -> int:
+    from grpo_tui.config.checks import check_preset
+    from grpo_tui.config.store import load_preset
+
+    preset, _ = load_preset(args.source, args.overrides)
+    result = check_preset(preset, environment=False)
+    if result.errors:
+        raise PresetError(result.errors)
+    path = save_user_preset(preset, args.name, overwrite=args.force, shadow=args.shadow)
+    print(f"saved {path}")
+    return 0
+
+
 def add_parsers(psub: argparse._SubParsersAction) -> None:  # argparse's subparser type is private
-    """`presets delete` and `presets rename` on the `presets` command's subparsers."""
+    """`presets save`, `presets delete` and `presets rename` on the `presets` command's subparsers."""
+    save = psub.add_parser("save", help="save a preset, with --set changes, as a user preset")
+    save.add_argument("name", help="the new preset's name")
+    save.add_argument("--from", dest="source", default="tiny-cpu", help="preset to start from (default tiny-cpu)")
+    add_set_option(save)
+    save.add_argument("--force", action="store_true", help="replace a user preset of that name")
+    save.add_argument("--shadow", action="store_true", help="allow a built-in's name (yours is used in its place)")
+    save.set_defaults(handler=cmd_save)
     delete = psub.add_parser("delete", help="delete a user preset (asks first; --yes does not)")
     delete.add_argument("name", help="the user preset's name")
     delete.add_argument("--yes", action="store_true", help="delete without asking")

@@ -189,8 +189,6 @@ def save_user_preset(preset: Preset, name: str | None = None, overwrite: bool = 
     if path.exists() and not overwrite:
         raise PresetError([f"{path}: a user preset with this name exists"])
     if not path.exists() and not shadow and (BUILTIN_DIR / f"{name}.toml").is_file():
-        from grpo_tui.config.preset_admin import builtin_name_message
-
         raise PresetError([builtin_name_message(name)])
     text = dump_preset(preset.model_copy(update={"name": name}))
     # Written whole then renamed: an overwrite never leaves a half-written preset behind.
@@ -198,6 +196,14 @@ def save_user_preset(preset: Preset, name: str | None = None, overwrite: bool = 
     tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, path)
     return path
+
+
+def builtin_name_message(name: str) -> str:
+    """The refusal for a new user preset named like a built-in (it would hide the built-in silently)."""
+    return (
+        f"name: {name} is a built-in preset; choose another name, or pass --shadow to use yours in its place"
+        " (delete yours to get the built-in back)"
+    )
 
 
 def delete_user_preset(name: str) -> Path:
