@@ -20,6 +20,7 @@ from grpo_tui.config.types import clip
 from grpo_tui.dashboard.alerts import Alert, AlertLog, detect_alerts
 from grpo_tui.dashboard.attempts import Attempt
 from grpo_tui.dashboard.loading import load_recent, load_run
+from grpo_tui.dashboard.log_noise import DeprecationFilter
 from grpo_tui.dashboard.monitor import GpuHistory, MonitorSnapshot
 from grpo_tui.dashboard.state import PEAK_MIB, RunState, phase_series
 from grpo_tui.runs.completions import CompletionIndex, PromptGroup
@@ -128,6 +129,7 @@ class DashboardFeed:
     _log: deque[str] = field(default_factory=lambda: deque(maxlen=LOG_LINES))
     _log_offset: int = 0
     _log_partial: bytes = b""
+    _log_filter: DeprecationFilter = field(default_factory=DeprecationFilter)
     _charts: ChartData | None = None
     _chart_key: tuple[int, int] = (-1, -1)
     _generation: int = 0
@@ -270,7 +272,8 @@ class DashboardFeed:
         if skip_first and lines:
             lines = lines[1:]  # cut by the seek
         # A progress bar redraws with \r: keep what the terminal would show last.
-        self._log.extend(line.decode("utf-8", "replace").rsplit("\r", 1)[-1] for line in lines)
+        shown = (line.decode("utf-8", "replace").rsplit("\r", 1)[-1] for line in lines)
+        self._log.extend(self._log_filter.keep(shown))
 
     def completion_groups(self, step: int) -> list[PromptGroup]:
         """One step's prompt groups (reads the file: call from a worker thread)."""
