@@ -58,7 +58,7 @@ def test_bad_data_is_refused_by_validate_and_run(
     line = expected.format(file=clip(str(data)))
 
     assert main(["presets", "validate", str(preset)]) == 2
-    assert f"{preset}: {line}" in capsys.readouterr().err.splitlines()
+    assert f"{clip(str(preset))}: {line}" in capsys.readouterr().err.splitlines()
     assert main(["run", str(preset), "--headless"]) == 2
     assert capsys.readouterr().err.splitlines() == [line]
     assert not (elsewhere / "runs").exists()
@@ -84,4 +84,7 @@ def test_a_json_array_file_is_checked_row_by_row(tmp_path: Path, capsys: pytest.
     data.write_text(json.dumps([ROWS[0], ["not", "an", "object"]]), encoding="utf-8")
     preset = preset_beside(tmp_path, "train.json")
     assert main(["presets", "validate", str(preset)]) == 2
-    assert f"{preset}: data.source: {clip(str(data))} row 2: not a JSON object (got list)" in capsys.readouterr().err
+    assert (
+        f"{clip(str(preset))}: data.source: {clip(str(data))} row 2: not a JSON object (got list)"
+        in capsys.readouterr().err
+    )

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from grpo_tui.cli import main
 from grpo_tui.config.store import BUILTIN_DIR
+from grpo_tui.config.types import clip
 
 # Cases per CI run (in-process `main`, a few ms each).
 DATA_CASES = 300
@@ -56,7 +57,7 @@ def test_fuzz_data_files_through_validate(folder: Path, content: bytes, suffix: 
         code = main(["presets", "validate", str(path)])
     lines = err.getvalue().splitlines()
     assert code in (0, 2), err.getvalue()
-    assert all(line.startswith(f"{path}: ") and len(line) <= LINE_LIMIT for line in lines), lines
+    assert all(line.startswith(f"{clip(str(path))}: ") and len(line) <= LINE_LIMIT for line in lines), lines
     assert (code == 2) == any(": warning" not in line for line in lines)
 
 

@@ -10,6 +10,7 @@ import tomli_w
 
 from grpo_tui.cli import main
 from grpo_tui.config.store import BUILTIN_DIR
+from grpo_tui.config.types import clip
 
 TINY = tomllib.loads((BUILTIN_DIR / "tiny-cpu.toml").read_text(encoding="utf-8"))
 
@@ -40,7 +41,7 @@ def test_each_is_refused_in_one_line(case: str, tmp_path: Path, capsys: pytest.C
     path.write_text(tomli_w.dumps(data), encoding="utf-8")
     assert main(["presets", "validate", str(path)]) == 2
     errors = [line for line in capsys.readouterr().err.splitlines() if ": warning" not in line]
-    assert len(errors) == 1 and errors[0].startswith(f"{path}: {expected}"), errors
+    assert len(errors) == 1 and errors[0].startswith(f"{clip(str(path))}: {expected}"), errors
     if case == "a reward twice":
         assert "'addition_partial' is listed twice; list it once (its weight scales it)" in errors[0]
 
