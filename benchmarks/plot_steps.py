@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from grpo_tui.runs.metrics import PHASES
@@ -44,9 +45,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("bars", nargs="+", metavar="LABEL=JSON:IMPL/BATCH")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--title", default="Whole GRPO step on one H200 (Qwen3-0.6B shape, completion 256)")
-    args = parser.parse_args(argv)
-    import matplotlib  # after the arguments: `--help` answers without it
-
+    args = parser.parse_args(argv)  # before matplotlib: --help answers without it
+    try:
+        import matplotlib
+    except ImportError:
+        print("plot_steps: needs matplotlib (pip install matplotlib)", file=sys.stderr)
+        return 1
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

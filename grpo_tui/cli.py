@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -63,6 +64,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # The reader left (`grpo-tui runs | head -1`): not an error, as for other Unix tools. What is
+        # still buffered must not fail again when Python flushes stdout on exit.
+        _stdout_to_devnull()
+        return 0
     except Exception as exc:
         answer = user_error(exc, f"grpo-tui {argv[0]}" if argv else "grpo-tui")
         if answer is None:
@@ -71,6 +77,15 @@ def main(argv: list[str] | None = None) -> int:
         for line in lines:
             print(line, file=sys.stderr)
         return code
+
+
+def _stdout_to_devnull() -> None:
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):  # no real stdout (captured in tests): nothing to flush
+        pass
 
 
 def user_error(exc: Exception, where: str) -> tuple[int, list[str]] | None:
@@ -124,9 +139,13 @@ def build_parser() -> argparse.ArgumentParser:
     run.set_defaults(handler=_cmd_run)
 
     presets = sub.add_parser("presets", help="list, show or validate presets")
-    psub = presets.add_subparsers(dest="presets_command", metavar="{list,show,validate,save}", required=True)
+    psub = presets.add_subparsers(
+        dest="presets_command", metavar="{list,show,validate,save,delete,rename}", required=True
+    )
+    from grpo_tui.config import preset_admin  # light: the store and schema it imports are needed anyway
+
     plist = psub.add_parser("list", help="built-in and user presets")
-    plist.set_defaults(handler=_cmd_presets_list)
+    plist.set_defaults(handler=preset_admin.cmd_list)
     show = psub.add_parser("show", help="the resolved preset (defaults filled) and its launch command")
     show.add_argument("preset", help="preset name or path to a .toml file")
     add_set_option(show)
@@ -135,12 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
     validate = psub.add_parser("validate", help="check preset files; exit 2 with one line per problem")
     validate.add_argument("files", nargs="+", help="preset names or .toml files")
     validate.set_defaults(handler=_cmd_presets_validate)
-    save = psub.add_parser("save", help="save a preset, with --set changes, as a user preset")
-    save.add_argument("name", help="the new preset's name")
-    save.add_argument("--from", dest="source", default="tiny-cpu", help="preset to start from (default tiny-cpu)")
-    add_set_option(save)
-    save.add_argument("--force", action="store_true", help="replace a user preset of that name")
-    save.set_defaults(handler=_cmd_presets_save)
+    preset_admin.add_parsers(psub)
 
     runs = sub.add_parser("runs", help="list runs with their status")
     runs.add_argument("--runs-dir", type=Path, default=Path("runs"), help="folder holding run folders (default: runs)")
@@ -165,6 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     sup = sub.add_parser("supervise")  # internal: the detached supervisor (not in the command list)
     sup.add_argument("run_dir", type=Path)
+    sup.add_argument("--lock-fd", type=int, default=None)  # the run's claim, handed on by the parent
     sup.set_defaults(handler=_cmd_supervise)
 
     for words, target in PASSTHROUGH.items():
@@ -261,20 +276,6 @@ def _start(preset_arg: str, overrides: list[str], headless: bool, detach: bool, 
     return supervisor.run_foreground(run.path, headless=True)
 
 
-def _cmd_presets_list(args: argparse.Namespace) -> int:
-    from grpo_tui.config.store import BUILTIN_DIR, list_presets, preset_description, user_presets_dir
-
-    entries = list_presets()
-    width = max([len(e.name) for e in entries] + [4])
-    print(f"{'NAME':<{width}}  {'ORIGIN':<8}  DESCRIPTION")
-    for entry in entries:
-        description = preset_description(entry.path)
-        origin = entry.origin + (" (shadows the built-in)" if entry.shadows_builtin else "")
-        print(f"{entry.name:<{width}}  {origin:<8}  {description}")
-    print(f"\nbuilt-in: {BUILTIN_DIR}\nuser:     {user_presets_dir()}")
-    return 0
-
-
 def _cmd_presets_show(args: argparse.Namespace) -> int:
     from grpo_tui.config.checks import check_preset
     from grpo_tui.config.store import dump_preset, load_preset
@@ -283,6 +284,8 @@ def _cmd_presets_show(args: argparse.Namespace) -> int:
     preset, path = load_preset(args.preset, args.overrides)
     run_dir = Path(preset.logging.runs_dir) / f"<timestamp>-{preset.name}"
     print(f"# {path}, resolved (every default filled in)")
+    if not preset.data.source.startswith("builtin:"):
+        print(f"# data.source: a relative path in the file is read from the file's folder ({path.parent})")
     print(dump_preset(preset))
     if args.explain:
         from grpo_tui.config.reference import explain
@@ -330,20 +333,6 @@ def _cmd_presets_validate(args: argparse.Namespace) -> int:
     return EXIT_USAGE if failed else 0
 
 
-def _cmd_presets_save(args: argparse.Namespace) -> int:
-    from grpo_tui.config.checks import check_preset
-    from grpo_tui.config.schema import PresetError
-    from grpo_tui.config.store import load_preset, save_user_preset
-
-    preset, _ = load_preset(args.source, args.overrides)
-    result = check_preset(preset, environment=False)
-    if result.errors:
-        raise PresetError(result.errors)
-    path = save_user_preset(preset, args.name, overwrite=args.force)
-    print(f"saved {path}")
-    return 0
-
-
 def _cmd_runs(args: argparse.Namespace) -> int:
     from grpo_tui.runs.housekeeping import runs_command
 
@@ -387,8 +376,12 @@ def _cmd_control(args: argparse.Namespace) -> int:
 
 def _cmd_supervise(args: argparse.Namespace) -> int:
     from grpo_tui.launch.supervisor import supervise
+    from grpo_tui.runs.claim import adopt_claim
+    from grpo_tui.runs.folder import RunDir
 
-    return supervise(args.run_dir)
+    run = RunDir(args.run_dir.resolve())
+    claim = None if args.lock_fd is None else adopt_claim(run, args.lock_fd)
+    return supervise(run.path, claim=claim)
 
 
 if __name__ == "__main__":

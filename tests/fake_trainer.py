@@ -24,6 +24,7 @@ from grpo_tui.runs.metrics import MetricsWriter
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--run-dir", type=Path, required=True)
+    parser.add_argument("--resume", action="store_true")  # accepted as the trainer does; steps restart at 1
     args = parser.parse_args()
     config = tomllib.loads((args.run_dir / "config.toml").read_text())
     max_steps = config["grpo"]["max_steps"]

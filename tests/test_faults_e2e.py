@@ -95,3 +95,6 @@ def test_kill_9_of_the_supervisor_stops_the_trainer(tiny_model_path: Path, tmp_p
     assert events[-3:] == ["supervisor_lost", "checkpoint", "finish"]  # every stop leaves a checkpoint
     state, reason = judge(run.path)
     assert state == "stopped" and "supervisor" in reason
+    # The trainer ended last, so it recorded the outcome: run.json agrees with every reader.
+    status = run.read_status()
+    assert status["status"] == "stopped" and status["reason"] == reason, status

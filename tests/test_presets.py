@@ -92,7 +92,7 @@ def test_shipped_presets_say_what_they_are() -> None:
 def test_user_preset_listed_beside_builtins_and_shadows(user_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     tiny, _ = load_preset("tiny-cpu")
     save_user_preset(tiny.model_copy(update={"description": "mine"}), "my-run")
-    save_user_preset(tiny.model_copy(update={"description": "my tiny"}))  # same name as the built-in
+    save_user_preset(tiny.model_copy(update={"description": "my tiny"}), shadow=True)  # a built-in's name
     entries = {e.name: e for e in list_presets()}
     assert entries["my-run"].origin == "user"
     assert entries["tiny-cpu"].origin == "user" and entries["tiny-cpu"].shadows_builtin
@@ -303,7 +303,7 @@ def test_several_bad_sets_give_one_line_each() -> None:
             '[data]\nsource = "builtin:subtraction"\n',
             "data.source: got 'builtin:subtraction'; allowed: builtin:addition",
         ),
-        ('[data]\nsource = "missing/train.jsonl"\n', "data.source: got 'missing/train.jsonl'; no such file"),
+        ('[data]\nsource = "/nonexistent/train.jsonl"\n', "data.source: got '/nonexistent/train.jsonl'; no such file"),
         ('[data]\nsource = "not a dataset"\n', "data.source: got 'not a dataset'; allowed:"),
         (
             '[rewards]\nfunctions = [{ name = "gsm8k_corect" }]\n',

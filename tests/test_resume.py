@@ -120,14 +120,60 @@ def test_resume_refusals_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixt
 
     from grpo_tui.launch import resume
 
-    run.update_status(status="failed")
+    run.update_status(status="failed", started=1234.0)
     run.command.write_text(json.dumps({"argv": ["python", "-m", "grpo_tui.train", "--run-dir", str(run.path)]}))
     run.request(stop=True)
     started: list[Path] = []
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(resume, "run_foreground", lambda path, headless: started.append(path) or 0)
+        patch.setattr(resume, "run_foreground", lambda path, headless, claim: started.append(path) or 0)
         code, err = _resume_cli([str(run.path)], capsys)
     assert code == 0 and err == [] and started == [run.path]
     assert json.loads(run.command.read_text())["argv"][-1] == "--resume"
     assert run.read_status()["status"] == "starting" and run.read_status()["resumed_from"].endswith("checkpoint-2")
     assert json.loads(run.control.read_text())["stop"] is False  # the old stop request would end it at once
+    from grpo_tui.runs.listing import run_info
+
+    run.update_status(started=5678.0)  # the resumed supervisor's start
+    assert run_info(run.path).started == 1234.0  # the runs list's "started" is the run's first start
+
+
+def test_the_dashboard_reads_a_resumed_run_as_its_latest_attempt(
+    tiny_model_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import time
+
+    from grpo_tui.dashboard.alerts import STALL, detect_alerts
+    from grpo_tui.dashboard.feed import DashboardFeed
+
+    run = make_run(tmp_path, "again", grpo={"max_steps": STEPS})
+    with monkeypatch.context() as patch:
+        _stop_at(patch, STOP_AT)
+        assert entry.main(["--run-dir", str(run.path)]) == 0
+    run.request(stop=False)
+    time.sleep(1.5)  # the run stays stopped a while: that time is not training time
+    seen: list[tuple[float, Any, Any]] = []
+    original = TrainingSession.at_step_boundary
+
+    def look(self: TrainingSession, control: Any) -> None:
+        original(self, control)
+        if self.step == STEPS - 1 and not seen:  # the resumed attempt is under way
+            now = time.time()
+            feed = DashboardFeed(run.path, monitor=None, clock=lambda: now)
+            seen.append((now, feed.poll(), feed.state))
+
+    with monkeypatch.context() as patch:
+        patch.setattr(TrainingSession, "at_step_boundary", look)
+        assert entry.main(["--run-dir", str(run.path), "--resume"]) == 0
+    now, view, state = seen[0]
+    assert view.status == RunStatus.RUNNING and state.status is RunStatus.RUNNING
+    assert view.progress.state == RunStatus.RUNNING and view.progress.eta_s > 0
+    first, second = view.progress.attempts
+    assert (first.first_step, first.last_step, first.status) == (1, STOP_AT, RunStatus.STOPPED)
+    assert first.ended is not None and second.ended is None
+    assert second.first_step == STOP_AT + 1 and second.status is RunStatus.RUNNING
+    # Elapsed adds the attempts up: the pause between them is left out.
+    assert view.progress.elapsed_s == pytest.approx((first.ended - first.started) + (now - second.started))
+    assert view.progress.elapsed_s < now - first.started - 1.0
+    # The stall alert watches the live attempt.
+    stalled = detect_alerts(state, None, now=state.last_time + 3600.0)
+    assert any(alert.kind == STALL for alert in stalled)

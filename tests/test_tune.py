@@ -235,7 +235,8 @@ def _run_screen(tmp_path, monkeypatch, cap: str, command=None) -> tuple[list[lis
             screen = app.screen
             for _ in range(200):  # up to 20 s: a real `grpo-tui tune` starts a Python process
                 await pilot.pause(0.1)
-                if screen.exit_code is not None:
+                status = str(screen.query_one("#tune-status", Static).render())
+                if screen.exit_code is not None or status.startswith(("memory cap:", "time budget:")):
                     break
             table = screen.query_one(DataTable)
             rows = [[str(c) for c in table.get_row_at(i)] for i in range(table.row_count)]
@@ -255,8 +256,16 @@ def test_tune_screen_shows_each_trial_as_it_ends(tmp_path, monkeypatch) -> None:
 
 
 def test_tune_screen_shows_the_commands_one_line_error(tmp_path, monkeypatch) -> None:
-    rows, status = _run_screen(tmp_path, monkeypatch, "0")
-    assert rows == [] and status.startswith("grpo-tui tune: --memory-cap: got 0.0")
+    rows, status = _run_screen(
+        tmp_path, monkeypatch, "9", ["sh", "-c", "echo 'grpo-tui tune: no trial fits' >&2; exit 2"]
+    )
+    assert rows == [] and status == "grpo-tui tune: no trial fits"
+
+
+def test_tune_screen_refuses_a_bad_cap_in_one_line(tmp_path, monkeypatch) -> None:
+    for cap, shown in (("abc", "'abc'"), ("0", "'0'"), ("-3", "'-3'"), ("nan", "'nan'")):
+        rows, status = _run_screen(tmp_path, monkeypatch, cap, ["sh", "-c", "exit 0"])
+        assert rows == [] and status == f"memory cap: got {shown}; allowed: a positive number of GiB (e.g. 24)"
 
 
 def test_measure_steps_counts_the_tokens_the_run_generated() -> None:

@@ -14,11 +14,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from grpo_tui.config.data_check import data_file_problems, template_columns
 from grpo_tui.config.eval_checks import eval_errors
+from grpo_tui.config.hub_check import hub_model_problem
 from grpo_tui.config.schema import GENERATION_BACKENDS, Preset
 from grpo_tui.config.types import ECHO_LIMIT, clip, shorten
 from grpo_tui.losses import LossSettings, refusals
 from grpo_tui.tasks.data import BUILTIN_ADDITION, LOCAL_SUFFIXES, first_row, template_problem
+from grpo_tui.tasks.reward_trial import reward_trial_problem, sample_prompt
 from grpo_tui.tasks.rewards import REWARDS, RewardError, resolve_reward, signature_problem
 from grpo_tui.tasks.shapes import QWEN3_SHAPES
 from grpo_tui.tasks.tiny import BUILTIN_MODEL
@@ -60,18 +63,21 @@ def check_preset(preset: Preset, environment: bool = True, visible_gpus: int | N
 
 
 def environment_errors(preset: Preset, visible_gpus: int | None = None) -> list[str]:
-    """The errors only this machine causes (too few GPUs): `check_preset`'s difference between
+    """The errors only this machine causes (too few GPUs, a hub model it cannot get): `check_preset`'s difference between
     `environment=True` and `False`, for a caller that shows both without running every check twice."""
+    name = preset.model.name_or_path
+    hub = hub_model_problem(name, not name.startswith("builtin:") and bool(HUB_ID_RE.match(name)))
+    errors = [hub] if hub else []
     d = preset.distributed
     if d.use_cpu:
-        return []
+        return errors
     seen = visible_gpu_count() if visible_gpus is None else visible_gpus
     if d.num_processes > seen:
-        return [
+        errors.append(
             f"distributed.num_processes: got {d.num_processes}; {seen} GPU(s) visible on this machine "
             "(one process per GPU; or set distributed.use_cpu=true)"
-        ]
-    return []
+        )
+    return errors
 
 
 def generation_batch(preset: Preset) -> int:
@@ -217,6 +223,8 @@ def _check_data(preset: Preset, result: CheckResult, row: Mapping[str, Any] | No
         if path.suffix in LOCAL_SUFFIXES:  # what grpo_tui.tasks.data reads from a local file
             if not _exists(path, file=True):
                 result.errors.append(f"data.source: got {shorten(source)}; no such file")
+            else:
+                result.errors += data_file_problems(path, preset.data.prompt_template)
         elif _exists(path):
             result.errors.append(
                 f"data.source: got {shorten(source)}; a local file must end in .jsonl, .json or .parquet"
@@ -225,6 +233,8 @@ def _check_data(preset: Preset, result: CheckResult, row: Mapping[str, Any] | No
             result.errors.append(f"data.source: got {shorten(source)}; allowed: {allowed}")
     # Tried on the first row where it is known, else for its form alone; the trainer checks again.
     problem = template_problem(preset.data.prompt_template, row, echo=shorten)
+    if problem is None and not template_columns(preset.data.prompt_template):
+        problem = "names no column of the data, so every prompt is the same; use {column}, e.g. {question}"
     if problem:
         result.errors.append(f"data.prompt_template: {problem}")
 
@@ -251,7 +261,10 @@ def _check_rewards(preset: Preset, result: CheckResult, row: Mapping[str, Any] |
             continue
         try:
             # Imports a module:function reward (its top-level code runs: see the README's Security section).
-            problem = signature_problem(resolve_reward(spec.name), columns)
+            func = resolve_reward(spec.name)
+            problem = signature_problem(func, columns)
+            if problem is None and spec.name not in REWARDS and row is not None:
+                problem = reward_trial_problem(func, row, sample_prompt(preset.data.prompt_template, row))
         except RewardError as exc:
             problem = str(exc).removeprefix("rewards.functions.name: ")
         if problem:

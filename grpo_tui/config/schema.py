@@ -19,11 +19,14 @@ from grpo_tui.config.schema_walk import SchemaField
 from grpo_tui.config.types import (
     ECHO_LIMIT,
     MAX_BATCH,
+    MAX_BETA,
+    MAX_LORA_ALPHA,
     MAX_LORA_RANK,
     MAX_PROCESSES,
     MAX_REWARD_WEIGHT,
     MAX_ROWS,
     MAX_TEMPERATURE,
+    NOT_BOOL,
     SEED_LIMIT,
     Count,
     Float,
@@ -87,6 +90,13 @@ class ModelSection(_Section):
     trust_remote_code: bool = False
     """Allow a hub model's own Python code (it then runs on this machine)."""
 
+    @field_validator("name_or_path")
+    @classmethod
+    def _not_blank(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("a hub id (owner/name), a local folder or builtin:tiny-qwen3, not only whitespace")
+        return value
+
 
 class DataSection(_Section):
     source: PathText = Field(
@@ -121,6 +131,10 @@ class RewardsSection(_Section):
     def _not_empty(cls, value: list[RewardSpec]) -> list[RewardSpec]:
         if not value:
             raise ValueError("at least one reward function is needed")
+        names = [spec.name for spec in value]
+        twice = next((name for i, name in enumerate(names) if name in names[:i]), None)
+        if twice is not None:
+            raise ValueError(f"{shorten(twice)} is listed twice; list it once (its weight scales it)")
         return value
 
 
@@ -141,7 +155,7 @@ class GrpoSection(_Section):
     """How the learning rate changes over max_steps."""
     warmup_steps: Steps = 0
     """Steps of learning-rate warm-up (for the schedules that have one)."""
-    beta: NonNegFloat = 0.0
+    beta: Annotated[NonNegFloat, Field(le=MAX_BETA)] = 0.0
     """Weight of the KL penalty against the reference model (0: no reference model is loaded)."""
     epsilon_low: Annotated[Float, Field(gt=0.0, lt=1.0)] = 0.2
     """The importance ratio is clipped below at 1 - epsilon_low."""
@@ -213,7 +227,7 @@ class PeftSection(_Section):
     """Train LoRA adapters instead of all the weights."""
     r: Annotated[PositiveInt, Field(le=MAX_LORA_RANK)] = 16
     """LoRA rank."""
-    alpha: Annotated[Float, Field(gt=0.0)] = 32.0
+    alpha: Annotated[Float, Field(gt=0.0, le=MAX_LORA_ALPHA)] = 32.0
     """LoRA alpha: the adapters' update is scaled by alpha / r."""
     dropout: Annotated[Float, Field(ge=0.0, lt=1.0)] = 0.05
     """Dropout on the adapters' input."""
@@ -230,7 +244,7 @@ class DistributedSection(_Section):
     """Processes (one per GPU) on each machine."""
     fsdp: bool = False
     """Shard the model across processes with FSDP."""
-    fsdp_version: Literal[1, 2] = 2
+    fsdp_version: Annotated[Literal[1, 2], NOT_BOOL] = 2
     """FSDP 1 or 2 (FSDP2 shards each parameter)."""
     mixed_precision: Literal["no", "bf16", "fp16"] = "no"
     """accelerate's mixed precision: no | bf16 | fp16."""

@@ -19,6 +19,7 @@ from typing import Any, Literal
 from grpo_tui.config.overrides import apply_overrides
 from grpo_tui.config.schema import PRESET_NAME_RE, Preset, PresetError, name_from_stem, validate_data
 from grpo_tui.config.types import clip, shorten
+from grpo_tui.tasks.data import LOCAL_SUFFIXES
 
 USER_DIR_ENV = "GRPO_TUI_PRESETS_DIR"
 # Package data (the repository's top-level presets/ folder), so a wheel install has them too.
@@ -130,7 +131,18 @@ def load_preset_file(path: Path) -> Preset:
     """
     data = read_toml(path)
     data.setdefault("name", name_from_stem(Path(path).stem))
-    return validate_data(data, str(path))
+    return beside_file(validate_data(data, str(path)), Path(path))
+
+
+def beside_file(preset: Preset, path: Path) -> Preset:
+    """`preset` with a relative local `data.source` read from the preset file's folder, not the
+    current one: a preset and the data file beside it work from anywhere."""
+    source = preset.data.source
+    local = Path(source).suffix in LOCAL_SUFFIXES or source.startswith(("./", "../"))
+    if source.startswith("builtin:") or not local or Path(source).expanduser().is_absolute():
+        return preset
+    resolved = str(Path(path).resolve().parent / source)
+    return preset.model_copy(update={"data": preset.data.model_copy(update={"source": resolved})})
 
 
 def load_preset(arg: str, overrides: list[str] | None = None) -> tuple[Preset, Path]:
@@ -165,9 +177,9 @@ def dump_preset(preset: Preset) -> str:
     return tomli_w.dumps(preset_to_dict(preset))
 
 
-def save_user_preset(preset: Preset, name: str | None = None, overwrite: bool = False) -> Path:
+def save_user_preset(preset: Preset, name: str | None = None, overwrite: bool = False, shadow: bool = False) -> Path:
     """Write `preset` into the user folder as `<name>.toml` (name defaults to preset.name);
-    `overwrite` replaces a user preset of that name."""
+    `overwrite` replaces a user preset of that name; a new one with a built-in's name needs `shadow`."""
     name = name or preset.name
     if not PRESET_NAME_RE.match(name):
         raise PresetError([f"name: got {shorten(name)}; letters, digits, '.', '_' or '-' (at most 64)"])
@@ -176,12 +188,22 @@ def save_user_preset(preset: Preset, name: str | None = None, overwrite: bool = 
     path = folder / f"{name}.toml"
     if path.exists() and not overwrite:
         raise PresetError([f"{path}: a user preset with this name exists"])
+    if not path.exists() and not shadow and (BUILTIN_DIR / f"{name}.toml").is_file():
+        raise PresetError([builtin_name_message(name)])
     text = dump_preset(preset.model_copy(update={"name": name}))
     # Written whole then renamed: an overwrite never leaves a half-written preset behind.
     tmp = path.with_suffix(".toml.tmp")
     tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, path)
     return path
+
+
+def builtin_name_message(name: str) -> str:
+    """The refusal for a new user preset named like a built-in (it would hide the built-in silently)."""
+    return (
+        f"name: {name} is a built-in preset; choose another name, or pass --shadow to use yours in its place"
+        " (delete yours to get the built-in back)"
+    )
 
 
 def delete_user_preset(name: str) -> Path:

@@ -25,6 +25,12 @@ MAX_PROCESSES = 4_096
 MAX_ROWS = 1_000_000_000
 # LoRA rank: no released model has a hidden size above 16,384, and the rank cannot exceed it.
 MAX_LORA_RANK = 16_384
+# LoRA alpha: the update is scaled by alpha / r; 65,536 is 4x the largest rank at r = 16,384 and already
+# 4,096x the usual 2r at r = 8: past it the adapter's first step swamps the base weights.
+MAX_LORA_ALPHA = 65_536.0
+# KL coefficient beta: the KL term is beta x a per-token KL of order 0.01-1; past 100 it outweighs any
+# reward (within the reward weight bound) and the policy cannot move from the reference.
+MAX_BETA = 100.0
 # Seeds: numpy's seed range (transformers' set_seed seeds numpy with the same value).
 SEED_LIMIT = 2**32
 # |reward weight|: rewards are summed in fp32; larger weights swamp every other reward.
@@ -93,6 +99,8 @@ def _path_text(value: str) -> str:
     return value
 
 
+# A choice of numbers (Literal[1, 2]) that refuses true/false as well: Python counts True as 1.
+NOT_BOOL = BeforeValidator(_no_bool)
 Int = Annotated[int, BeforeValidator(_no_bool)]
 Float = Annotated[float, BeforeValidator(_no_bool)]
 PositiveInt = Annotated[Int, Field(ge=1)]

@@ -18,7 +18,9 @@ from typing import Any
 
 from grpo_tui.config.types import clip
 from grpo_tui.dashboard.alerts import Alert, AlertLog, detect_alerts
+from grpo_tui.dashboard.attempts import Attempt
 from grpo_tui.dashboard.loading import load_recent, load_run
+from grpo_tui.dashboard.log_noise import DeprecationFilter
 from grpo_tui.dashboard.monitor import GpuHistory, MonitorSnapshot
 from grpo_tui.dashboard.state import PEAK_MIB, RunState, phase_series
 from grpo_tui.runs.completions import CompletionIndex, PromptGroup
@@ -76,6 +78,7 @@ class ProgressInfo:
     state: str
     loss_impl: str | None
     generation: str | None = None  # "graph · 12,345 tok/s": the rollout backend and its recent throughput
+    attempts: tuple[Attempt, ...] = ()  # the first start and each resume (listed when there are several)
 
 
 @dataclass(frozen=True)
@@ -128,6 +131,7 @@ class DashboardFeed:
     _log: deque[str] = field(default_factory=lambda: deque(maxlen=LOG_LINES))
     _log_offset: int = 0
     _log_partial: bytes = b""
+    _log_filter: DeprecationFilter = field(default_factory=DeprecationFilter)
     _charts: ChartData | None = None
     _chart_key: tuple[int, int] = (-1, -1)
     _generation: int = 0
@@ -215,6 +219,7 @@ class DashboardFeed:
             state=self._status,
             loss_impl=state.loss_impl or None,
             generation=generation_label(state),
+            attempts=tuple(state.attempts()),
         )
         control = self._read_control()
         live = self._status in LIVE_STATES
@@ -278,7 +283,8 @@ class DashboardFeed:
         if skip_first and lines:
             lines = lines[1:]  # cut by the seek
         # A progress bar redraws with \r: keep what the terminal would show last.
-        self._log.extend(line.decode("utf-8", "replace").rsplit("\r", 1)[-1] for line in lines)
+        shown = (line.decode("utf-8", "replace").rsplit("\r", 1)[-1] for line in lines)
+        self._log.extend(self._log_filter.keep(shown))
 
     def completion_groups(self, step: int) -> list[PromptGroup]:
         """One step's prompt groups (reads the file: call from a worker thread)."""

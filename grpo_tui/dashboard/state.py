@@ -20,6 +20,8 @@ from itertools import compress
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from grpo_tui.dashboard.attempts import Attempt, run_attempts
+from grpo_tui.dashboard.attempts import elapsed_s as attempts_elapsed
 from grpo_tui.dashboard.series import (
     NAN,
     bucket_pair,
@@ -98,6 +100,8 @@ class RunState:
         self.partial = False  # True when built by load_recent: only the newest steps are loaded
         self._ds_cache: dict[tuple[str, int], tuple[int, list[list[int]], list[int]]] = {}
         self.run_dir: Path | None = None
+        self._attempts_key: tuple[int, int] = (-1, -1)
+        self._attempts: list[Attempt] = []
 
     # ---- feeding -------------------------------------------------------------------------------
     def apply(self, records: Iterable[dict[str, Any]]) -> bool:
@@ -321,8 +325,17 @@ class RunState:
 
     @property
     def status(self) -> RunStatus:
-        """From the stream alone: finished, failed (error / oom), stopped (stop then finish) or running."""
+        """From the stream alone: finished, failed (error / oom), stopped (stop then finish) or running.
+
+        The latest attempt's: a resumed run is running whatever its earlier attempts ended with."""
         return stream_status([(e.kind, e.data) for e in self.events])
+
+    def attempts(self) -> list[Attempt]:
+        """The run's attempts in order (`attempts.run_attempts`)."""
+        key = (len(self.steps), len(self.events))
+        if self._attempts_key != key:
+            self._attempts_key, self._attempts = key, run_attempts(self.events, self.steps, self._cols.get("time"))
+        return self._attempts
 
     def median_step_time(self, last: int | None = None) -> float | None:
         """Median of `step_time` (or of time deltas between steps) over the last `last` steps (all if None)."""
@@ -340,6 +353,9 @@ class RunState:
         step = self.last_step
         end = now if now is not None and self.status is RunStatus.RUNNING else self.last_time
         elapsed = max(0.0, end - self.start_time) if end is not None and self.start_time is not None else 0.0
+        attempts = self.attempts()
+        if len(attempts) > 1 and end is not None:  # a resumed run: the pause between attempts does not count
+            elapsed = attempts_elapsed(attempts, end) or elapsed
         eta = None
         per_step = self.median_step_time(ETA_WINDOW)
         if self.max_steps is not None and per_step is not None and self.status is RunStatus.RUNNING:

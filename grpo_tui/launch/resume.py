@@ -5,6 +5,9 @@ optimizer, scheduler, RNG and step from RUN/checkpoints/checkpoint-<step>/), app
 `resume` event to the same metrics.jsonl, and writes no step twice. Checkpoints are saved every
 `logging.save_steps` and at every stop, so a stopped run can always be resumed; a failed one only
 from a checkpoint saved before it failed.
+
+The run's claim (runs/claim.py) is taken before the checks and handed to the supervisor: of two
+resumes at once, one starts and the other is told who holds the run.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from pathlib import Path
 from grpo_tui.config.schema import PresetError
 from grpo_tui.config.types import clip
 from grpo_tui.launch.supervisor import run_foreground, spawn_detached
+from grpo_tui.runs.claim import RESUMING, RunClaim, claim_run
 from grpo_tui.runs.folder import RunDir, read_json, write_private_text
 from grpo_tui.runs.status import LIVE_STATES, RunStatus, judge, processes_alive
 
@@ -24,11 +28,10 @@ from grpo_tui.runs.status import LIVE_STATES, RunStatus, judge, processes_alive
 RESUME_FLAG = "--resume"
 
 
-def prepare_resume(run_dir: Path | str) -> RunDir:
-    """Check that `run_dir` can be resumed and set it up to start again; PresetError (one line) if not.
+def claim_resume(run_dir: Path | str) -> tuple[RunDir, RunClaim]:
+    """Claim the run, check it can be resumed and set it up to start again; PresetError (one line) if not.
 
-    Clears a stop request (the resumed trainer would obey it at once), adds `--resume` to the recorded
-    launch command and records the run as starting.
+    The claim is the caller's to hand to the supervisor (or release).
     """
     shown = clip(str(run_dir))
     run = RunDir(Path(run_dir).expanduser().resolve())
@@ -36,6 +39,27 @@ def prepare_resume(run_dir: Path | str) -> RunDir:
         raise PresetError([f"{shown}: no such run folder"])
     if not run.is_run:
         raise PresetError([f"{shown}: not a run folder (no run.json or metrics.jsonl)"])
+    claim = claim_run(run, RESUMING)
+    try:
+        prepare_resume(run, shown)
+    except BaseException:
+        claim.release()
+        raise
+    return run, claim
+
+
+def start_resume(run_dir: Path | str) -> tuple[RunDir, int]:
+    """`claim_resume`, then the supervisor in the background holding the claim; returns (run, its pid)."""
+    run, claim = claim_resume(run_dir)
+    return run, spawn_detached(run.path, claim)
+
+
+def prepare_resume(run: RunDir, shown: str) -> None:
+    """Check that the claimed `run` can be resumed and set it up to start again; PresetError if not.
+
+    Clears a stop request (the resumed trainer would obey it at once), adds `--resume` to the recorded
+    launch command and records the run as starting.
+    """
     meta = run.read_status()
     state = judge(run.path, meta=meta).state
     if state in LIVE_STATES or state is RunStatus.SUBMITTED or processes_alive(meta, run.metrics):
@@ -57,13 +81,14 @@ def prepare_resume(run_dir: Path | str) -> RunDir:
     run.request(stop=False, kill=False)
     run.update_status(
         status=RunStatus.STARTING,
+        # The supervisor records its own start time; the run's first one is kept for "started".
+        first_started=meta.get("first_started") or meta.get("started") or meta.get("created"),
         created=time.time(),
         ended=None,
         exit_code=None,
         reason=None,
         resumed_from=str(checkpoint),
     )
-    return run
 
 
 def main(argv: list[str]) -> int:
@@ -72,9 +97,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument("run_dir", type=Path, help="the run folder (stopped or failed, with a checkpoint)")
     parser.add_argument("--detach", action="store_true", help="resume in the background and print the run folder")
     args = parser.parse_args(argv)
-    run = prepare_resume(args.run_dir)
     if args.detach:
-        pid = spawn_detached(run.path)
+        run, pid = start_resume(args.run_dir)
         print(f"{run.path} (supervisor pid {pid})")
         return 0
-    return run_foreground(run.path, headless=True)
+    run, claim = claim_resume(args.run_dir)
+    with claim:
+        return run_foreground(run.path, headless=True, claim=claim)

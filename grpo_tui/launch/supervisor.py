@@ -35,6 +35,7 @@ from grpo_tui.config.types import clip
 from grpo_tui.launch.command import build_launch_command, launch_env, per_node_commands, write_accelerate_config
 from grpo_tui.launch.process_group import group_members, process_identity, rank_groups, run_group, terminate_groups
 from grpo_tui.launch.progress import ProgressPrinter
+from grpo_tui.runs.claim import RUNNING, RunClaim, claim_run
 from grpo_tui.runs.failures import failure_reason, signal_name
 from grpo_tui.runs.folder import RunDir, open_private, read_json, write_private_text
 from grpo_tui.runs.metrics import MetricsTail
@@ -233,14 +234,26 @@ def _shell_code(code: int) -> int:
     return 128 - code if code < 0 else code
 
 
-def supervise(run_dir: Path, echo: TextIO | None = None, interactive: bool = False) -> int:
+def supervise(
+    run_dir: Path, echo: TextIO | None = None, interactive: bool = False, claim: RunClaim | None = None
+) -> int:
     """Run the trainer of a prepared folder to the end; the body of `run` and of a detached run.
 
-    With `echo`, progress lines go there. With `interactive`, the first SIGINT asks for a graceful
+    `claim` is the run's lock taken by the caller (runs/claim.py); without one it is taken here
+    (PresetError, one line, when another process holds it). It is released when the run has ended
+    and its final status is written. With `echo`, progress lines go there. With `interactive`, the first SIGINT asks for a graceful
     stop and the second kills; otherwise SIGINT and SIGTERM kill at once (a detached supervisor is
     only signalled by someone who wants it gone). SIGHUP always kills: the terminal is gone.
     """
     run = RunDir(Path(run_dir).resolve())
+    claim = claim if claim is not None else claim_run(run, RUNNING)
+    try:
+        return _supervise(run, echo, interactive)
+    finally:
+        claim.release()
+
+
+def _supervise(run: RunDir, echo: TextIO | None, interactive: bool) -> int:
     printer: ProgressPrinter | None = None
     if echo is not None:
         printer = ProgressPrinter(run.load_preset().grpo.max_steps, echo)
@@ -301,25 +314,39 @@ def _restore_handlers(previous: dict[int, Any]) -> None:
         signal.signal(sig, handler)
 
 
-def run_foreground(run_dir: Path, headless: bool = True, out: TextIO | None = None) -> int:
+def run_foreground(
+    run_dir: Path, headless: bool = True, out: TextIO | None = None, claim: RunClaim | None = None
+) -> int:
     """Supervise in this process, printing progress (headless) to `out` (stdout by default)."""
+    run = RunDir(Path(run_dir).resolve())
+    claim = claim if claim is not None else claim_run(run, RUNNING)  # before the first line: a refusal is one line
     echo = (out or sys.stdout) if headless else None
     if echo is not None:
         print(f"run folder: {run_dir}", file=echo, flush=True)
-    return supervise(Path(run_dir), echo=echo, interactive=True)
+    return supervise(run.path, echo=echo, interactive=True, claim=claim)
 
 
-def spawn_detached(run_dir: Path) -> int:
-    """Start `python -m grpo_tui.cli supervise RUN_DIR` in its own session; returns its pid."""
+def spawn_detached(run_dir: Path, claim: RunClaim | None = None) -> int:
+    """Start `python -m grpo_tui.cli supervise RUN_DIR` in its own session; returns its pid.
+
+    The run's claim (taken here when the caller holds none; PresetError when someone else does) passes
+    to that process, which holds it for the run's life.
+    """
     run = RunDir(Path(run_dir).resolve())
-    with open_private(run.stdout, "ab") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "grpo_tui.cli", "supervise", str(run.path)],
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    claim = claim if claim is not None else claim_run(run, RUNNING)
+    assert claim.fd is not None, "a released claim"
+    try:
+        with open_private(run.stdout, "ab") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "grpo_tui.cli", "supervise", str(run.path), "--lock-fd", str(claim.fd)],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                pass_fds=(claim.fd,),
+            )
+    finally:
+        claim.handed_on()
     # Reap it when it ends, so a long-lived parent (the TUI) keeps no zombie around. The supervisor
     # records its own pid in run.json (writing it here too would race with its updates).
     threading.Thread(target=proc.wait, daemon=True).start()

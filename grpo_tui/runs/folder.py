@@ -9,6 +9,7 @@ runs/<YYYYmmdd-HHMMSS>-<preset>/
     completions.jsonl      sampled completions with rewards and advantages, bounded per step
     control.json           requests to the trainer (loss_impl switch, stop), written atomically
     run.json               pids, process group, state, exit code (written by the runner; status.judge reads it)
+    run.lock               the claim of the one supervisor driving the run (runs/claim.py)
     checkpoints/           checkpoint-<step>/ from the trainer (logging.save_steps, every stop); `resume` reads them
     model/                 the trained model in Hugging Face format, written when training ends (model_dir.py)
     eval.json              held-out scores of the base and the trained model (`grpo-tui eval`)
@@ -155,6 +156,10 @@ class RunDir:
     @property
     def status(self) -> Path:
         return self.path / "run.json"
+
+    @property
+    def lock(self) -> Path:
+        return self.path / "run.lock"
 
     @property
     def checkpoints(self) -> Path:

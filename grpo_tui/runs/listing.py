@@ -13,7 +13,7 @@ from typing import Any
 from grpo_tui.runs.folder import RunDir, list_runs
 from grpo_tui.runs.metrics import as_float, as_int, step_records, tail_records
 from grpo_tui.runs.model_dir import folder_bytes
-from grpo_tui.runs.status import ENDED_STATES, LIVE_STATES, RunStatus, judge, recorded_state
+from grpo_tui.runs.status import ENDED_STATES, LIVE_STATES, RunStatus, judge, recorded_state, settle
 
 
 def read_config(run_dir: Path) -> dict[str, Any]:
@@ -50,9 +50,11 @@ def run_info(run_path: Path, meta: dict[str, Any] | None = None) -> RunInfo:
     meta = run.read_status() if meta is None else meta
     tail = tail_records(run.metrics)
     verdict = judge(run.path, meta=meta, tail=tail)
+    if verdict.state in ENDED_STATES and recorded_state(meta) in LIVE_STATES:
+        verdict = settle(run.path)  # run.json still says live: whoever sees the end records it
     steps = step_records(tail)
     last = steps[-1] if steps else {}
-    started = as_float(meta.get("started"))
+    started = as_float(meta.get("first_started")) or as_float(meta.get("started"))  # a resumed run's first start
     if started is None:
         starts = [r for r in tail if r.get("event") == "start"]
         started = as_float(starts[0].get("time")) if starts else as_float(meta.get("created"))

@@ -64,7 +64,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from grpo_tui.runs.folder import open_private
+from grpo_tui.runs.jsonl import JsonlAppender
 
 SCHEMA_VERSION = 1
 
@@ -118,18 +118,16 @@ MAX_LINE_BYTES = 256 * 1024
 
 
 class MetricsWriter:
-    """Appends records and flushes each one to the OS, so a reader (or a crash) never loses a step."""
+    """Appends records, each synced to disk as a whole line, so a reader (or a crash) never loses a step."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = open_private(self.path, "a")  # held for the run
+        self._file = JsonlAppender(self.path)  # held for the run; whole lines or nothing
 
     def write(self, record: dict[str, Any]) -> dict[str, Any]:
         full = {"v": SCHEMA_VERSION, "time": time.time(), **record}
-        self._file.write(json.dumps(full, default=_jsonable, allow_nan=True) + "\n")
-        self._file.flush()
-        os.fsync(self._file.fileno())
+        self._file.append([json.dumps(full, default=_jsonable, allow_nan=True)])
         return full
 
     def event(self, name: str, **fields: Any) -> dict[str, Any]:

@@ -12,6 +12,11 @@ can never disagree about one run. The rules, in order:
   `pid`, the trainer `child_pid`, else a rank named by the stream's start event) means the run
   goes on, and none alive means "lost" (crashed or killed without a last record), after a short
   grace for a run.json that says starting before its supervisor recorded a pid.
+
+run.json's outcome is written by whoever ends the run last: the supervisor when it outlives the
+trainer, else (the supervisor killed, or its last write refused by a full disk) `settle`, which the
+trainer calls as it exits and readers call when run.json still says live about an ended run. `settle`
+writes only while no supervisor holds the run's claim (runs/claim.py), so it never races one.
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ from typing import Any, NamedTuple
 
 import psutil
 
+from grpo_tui.config.schema import PresetError
+from grpo_tui.runs.claim import SETTLING, claim_run
 from grpo_tui.runs.failures import event_reason
 from grpo_tui.runs.folder import RunDir
 from grpo_tui.runs.metrics import as_float, start_event, tail_records
@@ -118,6 +125,28 @@ def judge(
     return StatusVerdict(RunStatus.LOST, "no process of the run is alive and its stream has no end")
 
 
+def settle(run_dir: str | Path) -> StatusVerdict:
+    """`judge`, and when run.json still records a live state for a run whose stream has ended and no
+    supervisor holds it, record the verdict there (the one judgement, now written down)."""
+    run = RunDir(Path(run_dir))
+    verdict = judge(run.path)
+    if verdict.state not in ENDED_STATES or recorded_state(run.read_status()) not in LIVE_STATES:
+        return verdict
+    try:
+        claim = claim_run(run, SETTLING)
+    except PresetError:  # a supervisor drives the run: its outcome is its own to write
+        return verdict
+    with claim:
+        meta = run.read_status()
+        verdict = judge(run.path, meta=meta)
+        if verdict.state in ENDED_STATES and recorded_state(meta) in LIVE_STATES:
+            try:
+                run.update_status(status=verdict.state, reason=verdict.reason, ended=time.time())
+            except OSError:  # a full disk still: the next reader records it
+                pass
+    return verdict
+
+
 def recorded_state(meta: dict[str, Any]) -> RunStatus | None:
     """run.json's state, or None when absent or not one the supervisor writes; a state in ENDED_STATES
     is the verdict (`judge` looks no further)."""
@@ -149,10 +178,11 @@ def stream_status(events: Iterable[tuple[str, dict[str, Any]]]) -> RunStatus:
     """From (kind, fields) of a run's events: failed (error / oom), stopped (a finish after a stop
     request or a lost supervisor, or saying stopped), finished, or running (no end yet). Only the events
     after the last resume count: the earlier attempt's end is not the resumed run's."""
-    kinds = {kind for kind, _ in current_attempt(events)}
+    current = current_attempt(events)
+    kinds = {kind for kind, _ in current}
     if kinds & {"error", "oom"}:
         return RunStatus.FAILED
-    finish = [fields for kind, fields in events if kind == "finish"]
+    finish = [fields for kind, fields in current if kind == "finish"]
     if finish:
         stopped = bool(kinds & {"stop_requested", "supervisor_lost"}) or finish[-1].get("stopped") is True
         return RunStatus.STOPPED if stopped else RunStatus.FINISHED

@@ -127,7 +127,8 @@ def template_problem(template: str, row: Mapping[str, Any] | None, echo: Callabl
         if not field.isidentifier():
             return f"field {echo(field)} is not a column name; use {{column}} (no positions, attributes or indexes)"
         if row is not None and field not in row:
-            columns = ", ".join(sorted(str(c) for c in row))
+            # Escaped: a column name with a newline must not split the one-line message.
+            columns = ", ".join(sorted(str(c).encode("unicode_escape").decode("ascii") for c in row))
             return f"refers to {echo(field)} which is not a column; columns: {columns}"
         if "{" in spec:
             return f"field {echo(field)}: a {{...}} inside a format spec is not supported"

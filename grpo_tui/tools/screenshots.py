@@ -169,7 +169,9 @@ def to_png(svg: Path) -> Path | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="grpo-tui screenshots", description=__doc__.splitlines()[0])
+    # The docstring's whole first paragraph: its first line alone stops mid-sentence.
+    summary = " ".join(__doc__.split("\n\n")[0].split())
+    parser = argparse.ArgumentParser(prog="grpo-tui screenshots", description=summary)
     parser.add_argument("--out", type=Path, default=Path("screenshots"), help="folder for the SVG/PNG files")
     parser.add_argument("--recorded", action="store_true", help="use the recorded fixture instead of real runs")
     parser.add_argument("--steps", type=int, default=600, help="steps of the real run captured live")

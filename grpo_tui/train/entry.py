@@ -50,6 +50,7 @@ def main(argv: list[str] | None = None, hard_exit: bool = False) -> int:
     finally:
         if writer is not None:
             _close_quietly(writer)
+            _settle_quietly(run)
         _shutdown_distributed(state, healthy=code == EXIT_OK, hard_exit=hard_exit, code=code)
         os.umask(previous_umask)  # called in-process (tests, tools): leave the caller's umask as it was
     return code
@@ -60,6 +61,17 @@ def _close_quietly(writer: MetricsWriter) -> None:
         writer.close()
     except OSError as exc:  # a full disk fails the final flush too; the failure is reported already
         print(f"grpo-tui: closing {writer.path.name}: {exc}", file=sys.stderr)
+
+
+def _settle_quietly(run: RunDir) -> None:
+    # The trainer ends last when its supervisor is gone: then run.json's outcome is its to record
+    # (a no-op while a supervisor holds the run).
+    from grpo_tui.runs.status import settle
+
+    try:
+        settle(run.path)
+    except Exception as exc:  # the run's end is recorded in the stream already; run.json is a summary
+        print(f"grpo-tui: cannot record the run's end in {run.status.name}: {exc}", file=sys.stderr)
 
 
 def _shutdown_distributed(state: Any, healthy: bool, hard_exit: bool = False, code: int = EXIT_OK) -> None:

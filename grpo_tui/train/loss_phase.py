@@ -35,12 +35,13 @@ MAXIMA = ("clip_ratio/high_max",)
 
 
 def offload_context(model: torch.nn.Module, device: torch.device) -> contextlib.AbstractContextManager:
-    """TRL's activation offloading manager for `model`; no context where torch sees no accelerator.
+    """TRL's activation offloading manager for `model`; no context where no accelerator is there (also
+    a CUDA build of torch on a machine without a GPU).
 
     Without an accelerator the activations already live in host memory (and TRL's manager cannot be
     built). Pinned memory and a copy stream exist on CUDA only.
     """
-    if torch.accelerator.current_accelerator() is None:
+    if torch.accelerator.current_accelerator(check_available=True) is None:
         return contextlib.nullcontext()
     from trl.models import get_act_offloading_ctx_manager
 

@@ -31,8 +31,9 @@ from pathlib import Path
 from typing import Any
 
 from grpo_tui.config.schema import Preset
-from grpo_tui.runs.folder import RunDir, open_private
+from grpo_tui.runs.folder import RunDir
 from grpo_tui.runs.heartbeat import COLLECTIVE
+from grpo_tui.runs.jsonl import JsonlAppender
 from grpo_tui.runs.metrics import MetricsWriter, last_step
 from grpo_tui.train.assemble import build_trainer
 from grpo_tui.train.control import ControlDecision, ControlReader, SupervisorWatch
@@ -53,7 +54,7 @@ class TrainingSession:
         self.stop_reason: str | None = None
         self._sigint = False
         self._last_reward: dict[str, float] = {}
-        self._completions = open_private(run.completions, "a") if writer is not None else None
+        self._completions = JsonlAppender(run.completions, sync=False) if writer is not None else None
         self._control = ControlReader(run.control)
         self._supervisor = SupervisorWatch()
         # Events decided at a step boundary wait for that step's record (see the module docstring)
@@ -195,16 +196,17 @@ class TrainingSession:
             return
         prompts, completions, advantages = list(logs["prompt"]), list(logs["completion"]), list(logs["advantages"])
         rewards = {name: list(values) for name, values in logs["rewards"].items()}
-        for i in range(min(keep, len(prompts))):
-            row = {
+        rows = [
+            {
                 "step": trainer.state.global_step,
                 "prompt": prompts[i],
                 "completion": completions[i],
                 "rewards": {name: values[i] for name, values in rewards.items() if i < len(values)},
                 "advantage": advantages[i] if i < len(advantages) else None,
             }
-            self._completions.write(json.dumps(row, default=str) + "\n")
-        self._completions.flush()
+            for i in range(min(keep, len(prompts)))
+        ]
+        self._completions.append(json.dumps(row, default=str) for row in rows)  # the step's rows, or none
 
     def at_step_boundary(self, control: Any) -> None:
         """Read control.json on rank 0, broadcast, and act on it on every rank."""

@@ -188,6 +188,31 @@ async def test_x_asks_then_requests_a_graceful_stop_and_a_second_x_kills(app_fac
         victim.wait()
 
 
+async def test_x_in_the_stop_dialog_kills_at_once(app_factory, runs_dir) -> None:
+    run = make_run(runs_dir / "live", steps=10, finished=False).path
+    victim = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    try:
+        import psutil
+
+        mark_running(run)
+        meta = json.loads((run / "run.json").read_text())
+        meta.update(pgid=victim.pid, child_pid=victim.pid, child_started=psutil.Process(victim.pid).create_time())
+        (run / "run.json").write_text(json.dumps(meta))
+        app = app_factory(clock=time.time)
+        async with app.run_test(size=SIZE) as pilot:
+            await open_dashboard(app, pilot, run)
+            await pilot.press("x")
+            assert "x kills its processes now" in plain(app.screen.query_one("#detail"))
+            await pilot.press("x")  # what the dialog says x does
+            await wait_for(pilot, lambda: victim.poll() is not None)
+            assert victim.returncode == -signal.SIGTERM
+            assert json.loads((run / "control.json").read_text())["kill"] is True
+    finally:
+        if victim.poll() is None:
+            os.killpg(victim.pid, signal.SIGKILL)
+        victim.wait()
+
+
 async def test_tabs_and_completion_steps(app_factory, recorded_run) -> None:
     app = app_factory()
     async with app.run_test(size=SIZE) as pilot:

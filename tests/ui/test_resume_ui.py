@@ -7,7 +7,7 @@ from pathlib import Path
 from ui_support import SIZE, wait_for
 
 from grpo_tui.dashboard.screens.dashboard import DashboardScreen
-from grpo_tui.launch import supervisor
+from grpo_tui.launch import resume
 from grpo_tui.tools.demo import make_run
 
 
@@ -20,6 +20,17 @@ async def _press_r(app, run: Path) -> None:
         return [str(n.message) for n in app._notifications]
 
 
+def fake_spawn(started: list[Path]):
+    """spawn_detached without a process: records the folder and drops the claim it was handed."""
+
+    def spawn(path: Path, claim) -> int:
+        claim.release()
+        started.append(Path(path))
+        return 4242
+
+    return spawn
+
+
 async def test_r_resumes_a_stopped_run_from_its_checkpoint(app_factory, runs_dir: Path, monkeypatch) -> None:
     run = make_run(runs_dir / "stopped", steps=10, finished=False).path
     from grpo_tui.runs.folder import RunDir
@@ -30,7 +41,7 @@ async def test_r_resumes_a_stopped_run_from_its_checkpoint(app_factory, runs_dir
     (folder.checkpoints / "checkpoint-10" / "trainer_state.json").write_text("{}")
     folder.command.write_text('{"argv": ["python", "-m", "grpo_tui.train", "--run-dir", "x"]}')
     started: list[Path] = []
-    monkeypatch.setattr(supervisor, "spawn_detached", lambda path: started.append(Path(path)) or 4242)
+    monkeypatch.setattr(resume, "spawn_detached", fake_spawn(started))
     messages = await _press_r(app_factory(), run)
     assert started == [run], messages
     assert "--resume" in folder.command.read_text()
@@ -39,6 +50,26 @@ async def test_r_resumes_a_stopped_run_from_its_checkpoint(app_factory, runs_dir
 async def test_r_on_a_finished_run_says_why_not(app_factory, runs_dir: Path, monkeypatch) -> None:
     run = make_run(runs_dir / "done", steps=10).path
     started: list[Path] = []
-    monkeypatch.setattr(supervisor, "spawn_detached", lambda path: started.append(Path(path)) or 4242)
+    monkeypatch.setattr(resume, "spawn_detached", fake_spawn(started))
     messages = await _press_r(app_factory(), run)
     assert started == [] and any("finished" in m for m in messages), messages
+
+
+async def test_r_on_a_run_another_process_holds_names_it(app_factory, runs_dir: Path, monkeypatch) -> None:
+    from grpo_tui.runs.claim import RUNNING, claim_run
+    from grpo_tui.runs.folder import RunDir
+
+    run = make_run(runs_dir / "held", steps=10, finished=False).path
+    folder = RunDir(run)
+    folder.update_status(status="stopped", pid=None, child_pid=None)
+    (folder.checkpoints / "checkpoint-10").mkdir(parents=True)
+    (folder.checkpoints / "checkpoint-10" / "trainer_state.json").write_text("{}")
+    folder.command.write_text('{"argv": ["python", "-m", "grpo_tui.train", "--run-dir", "x"]}')
+    started: list[Path] = []
+    monkeypatch.setattr(resume, "spawn_detached", fake_spawn(started))
+    import os
+
+    with claim_run(folder, RUNNING):  # a `grpo-tui run` of this folder between its check and its start
+        messages = await _press_r(app_factory(), run)
+    assert started == [] and any(f"is being run by pid {os.getpid()}" in m for m in messages), messages
+    assert "--resume" not in folder.command.read_text()

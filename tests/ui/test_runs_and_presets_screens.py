@@ -97,7 +97,7 @@ async def test_the_runs_table_shows_loss_reward_and_impl(app_factory, recorded_r
         table = app.screen.query_one(RunsTable)
         await wait_for(pilot, lambda: len(table.runs) == 1)
         labels = [str(c.label) for c in table.columns.values()]
-        assert labels == ["", "run", "preset", "status", "step", "reward", "loss", "impl", "disk", "started"]
+        assert labels == ["", "run", "preset", "status", "step", "last reward", "loss", "impl", "disk", "started"]
         info = table.runs[0]
         row = [str(cell) for cell in table.get_row_at(0)]
         assert info.last_loss is not None and row[6] == f"{info.last_loss:.4f}"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from rich.markup import escape  # "[y]" is a key hint, not markup
-from textual import work
+from textual import events, work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
@@ -13,7 +13,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Label
 
 
-class ConfirmScreen(ModalScreen[bool]):
+class ConfirmScreen(ModalScreen[bool | str]):
     """Ask a yes/no question; dismisses with True (y / Enter) or False (n / Escape)."""
 
     BINDINGS = [
@@ -23,12 +23,19 @@ class ConfirmScreen(ModalScreen[bool]):
         Binding("escape", "answer(False)", "No", show=False, id="confirm.escape"),
     ]
 
-    def __init__(self, question: str, detail: str = "", yes: str = "Yes", no: str = "No") -> None:
+    # The answer of the optional third choice (`also`): truthy, so a plain yes/no caller treats it as yes.
+    ALSO = "also"
+
+    def __init__(
+        self, question: str, detail: str = "", yes: str = "Yes", no: str = "No", also: tuple[str, str] | None = None
+    ) -> None:
+        """`also` = (key, label): a third answer, ALSO, given by that key or its button (e.g. x: kill now)."""
         super().__init__()
         self.question = question
         self.detail = detail
         self.yes_label = yes
         self.no_label = no
+        self.also = also
 
     def compose(self) -> ComposeResult:
         with Vertical(id="dialog", classes="dialog"):
@@ -37,11 +44,18 @@ class ConfirmScreen(ModalScreen[bool]):
                 yield Label(self.detail, id="detail", classes="dialog-detail")
             with Horizontal(classes="dialog-buttons"):
                 yield Button(escape(f"{self.yes_label} [y]"), id="yes", variant="error")
+                if self.also is not None:
+                    yield Button(escape(f"{self.also[1]} [{self.also[0]}]"), id="also", variant="error")
                 yield Button(escape(f"{self.no_label} [n]"), id="no", variant="primary")
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
         event.stop()
-        self.dismiss(event.button.id == "yes")
+        self.dismiss(self.ALSO if event.button.id == "also" else event.button.id == "yes")
+
+    def on_key(self, event: events.Key) -> None:
+        if self.also is not None and event.key == self.also[0]:
+            event.stop()
+            self.dismiss(self.ALSO)
 
     def action_answer(self, answer: bool) -> None:
         self.dismiss(answer)

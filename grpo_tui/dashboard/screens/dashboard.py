@@ -5,6 +5,7 @@ this screen only draws the views it is sent."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +21,7 @@ from textual.screen import Screen
 from textual.widgets import Footer, Header, Static, TabbedContent, TabPane
 from textual.worker import get_current_worker
 
+from grpo_tui.dashboard.alert_toasts import AlertToasts
 from grpo_tui.dashboard.feed import METRIC_CHARTS, DashboardFeed, DashboardView
 from grpo_tui.dashboard.messages import LossImplRequested, RunLivenessSeen, StopRequested
 from grpo_tui.dashboard.widgets.alerts_panel import AlertBanner, AlertsPanel
@@ -86,7 +88,8 @@ class DashboardScreen(Screen[None]):
         self._drawn_generation = -1
         self._stop_requests = 0
         self._stop_event = threading.Event()
-        self._alerts_seen: int | None = None
+        self._alerts_seen = 0
+        self._toasts: AlertToasts | None = None
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -172,14 +175,10 @@ class DashboardScreen(Screen[None]):
             phases_box.border_subtitle = view.switch_label or ""
         self.query_one(AlertBanner).show(view.active_alerts)
         self.query_one(AlertsPanel).show(view.alerts)
-        if self._alerts_seen is not None:  # flash what is new (not the history of a run just opened)
-            for alert in view.alerts[self._alerts_seen :]:
-                self.notify(
-                    alert.message,
-                    title=f"⚠ {alert.kind} at step {alert.step}",
-                    severity="error" if alert.severity == "error" else "warning",
-                    timeout=8,
-                )
+        if self._toasts is None:  # the run just opened: what it had is history, not news
+            self._toasts = AlertToasts(opened_at_step=view.progress.step)
+        for toast in self._toasts.take(view.alerts[self._alerts_seen :], time.monotonic()):
+            self.notify(toast.message, title=toast.title, severity=toast.severity, timeout=8)
         self._alerts_seen = len(view.alerts)
         self._draw_logs(view.log_lines)
         if view.generation != self._drawn_generation:
@@ -266,11 +265,11 @@ class DashboardScreen(Screen[None]):
         detail = (
             "A stop was already requested: this kills the process group (SIGTERM, then SIGKILL)."
             if force
-            else "The trainer stops at its next step boundary; metrics are kept. Press x again to kill it."
+            else "The trainer stops at its next step boundary; metrics are kept. x kills its processes now."
         )
         self.app.push_screen(
-            ConfirmScreen(question, detail, yes="Kill" if force else "Stop"),
-            lambda yes: self._stop(force) if yes else None,
+            ConfirmScreen(question, detail, yes="Kill" if force else "Stop", also=None if force else ("x", "Kill now")),
+            lambda answer: self._stop(force or answer == ConfirmScreen.ALSO) if answer else None,
         )
 
     def _stop(self, force: bool) -> None:
@@ -281,12 +280,10 @@ class DashboardScreen(Screen[None]):
     def action_resume(self) -> None:
         """R: continue a stopped or failed run from its last checkpoint (as `grpo-tui resume RUN --detach`)."""
         from grpo_tui.config.schema import PresetError
-        from grpo_tui.launch import supervisor
-        from grpo_tui.launch.resume import prepare_resume
+        from grpo_tui.launch.resume import start_resume
 
         try:
-            run = prepare_resume(self.run_path)
-            supervisor.spawn_detached(run.path)
+            run, _ = start_resume(self.run_path)
         except PresetError as exc:
             call_from_worker(self, self.notify, exc.lines[0], title="Not resumed", severity="warning")
             return

@@ -9,6 +9,7 @@ whose one-line error is shown as is.
 from __future__ import annotations
 
 import json
+import math
 import signal
 import subprocess
 import sys
@@ -24,6 +25,7 @@ from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Input, Label, ProgressBar, Static
 
+from grpo_tui.config.types import clip
 from grpo_tui.launch.process_group import signal_group
 
 HINT = "Enter in a field starts the search · Escape stops it and goes back"
@@ -45,6 +47,17 @@ def tune_command(preset: str, cap: str, budget: str) -> list[str]:
         budget,
         "--jsonl",
     ]
+
+
+def form_problem(field: str, text: str, unit: str) -> str | None:
+    """Why `text` is not a positive number for `field` (one line), or None."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if value > 0 and math.isfinite(value):
+        return None
+    return f"{field}: got {clip(text, 40)!r}; allowed: a positive number of {unit}"
 
 
 class TuneScreen(Screen[None]):
@@ -110,10 +123,11 @@ class TuneScreen(Screen[None]):
         if not cap:
             self._status("A memory cap is needed, in GiB (e.g. 24).")
             return
-        try:
-            self._budget_s = float(budget) * 60
-        except ValueError:
-            self._budget_s = 0.0  # the command refuses it with its own one-line error
+        problem = form_problem("memory cap", cap, "GiB (e.g. 24)") or form_problem("time budget", budget, "minutes")
+        if problem:  # one line in the form, as the editor does, not the command's usage text
+            self._status(problem)
+            return
+        self._budget_s = float(budget) * 60
         self._started = time.monotonic()
         self.exit_code = None
         self._status(f"Searching under {cap} GiB…")

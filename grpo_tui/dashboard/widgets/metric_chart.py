@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from rich.text import Text
@@ -11,6 +12,17 @@ from textual.widget import Widget
 from grpo_tui.dashboard.widgets.braille import Series, render_chart
 
 LINE = "rgb(95,175,255)"
+
+
+def figure(value: float, spec: str) -> str:
+    """`value` formatted with `spec`, or "—" when it is not a finite number (inf / NaN say nothing readable)."""
+    return format(value, spec) if math.isfinite(value) else "—"
+
+
+def non_finite_note(values: Sequence[float]) -> tuple[str, str]:
+    """A dim "(N non-finite)" for a title when some points are ±inf or NaN (they are not drawn), else ""."""
+    count = sum(1 for v in values if not math.isfinite(v))
+    return (f" ({count} non-finite)" if count else "", "dim")
 
 
 class MetricChart(Widget):
@@ -34,8 +46,8 @@ class MetricChart(Widget):
         self.refresh()
 
     def chart_title(self) -> Text:
-        last = f" {self.ys[-1]:.4g}" if self.ys else ""
-        return Text.assemble((self.title, "bold"), (last, "bold rgb(95,175,255)"))
+        last = f" {figure(self.ys[-1], '.4g')}" if self.ys else ""
+        return Text.assemble((self.title, "bold"), (last, "bold rgb(95,175,255)"), non_finite_note(self.ys))
 
     def series(self) -> list[Series]:
         return [Series(self.xs, self.ys, LINE)]

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import time
+
 from rich.console import Group
 from rich.text import Text
 from textual.widgets import Static
 
+from grpo_tui.dashboard.attempts import Attempt
 from grpo_tui.dashboard.feed import ProgressInfo
 from grpo_tui.dashboard.widgets.bars import bar
 from grpo_tui.runs.status import RunStatus, status_style
@@ -19,6 +22,23 @@ def duration(seconds: float | None) -> str:
     h, rem = divmod(s, 3600)
     m, sec = divmod(rem, 60)
     return f"{h}:{m:02d}:{sec:02d}" if h else f"{m}:{sec:02d}"
+
+
+def attempt_line(number: int, attempt: Attempt) -> Text:
+    """`attempt 2  10:04:31–10:09:02  steps 4–120  stopped` (no end while it goes on)."""
+
+    def clock(when: float | None) -> str:
+        return time.strftime("%H:%M:%S", time.localtime(when)) if when is not None else "?"
+
+    ended = clock(attempt.ended) if attempt.ended is not None else ""
+    steps = f"{attempt.first_step}–{attempt.last_step}" if attempt.first_step is not None else "none"
+    return Text.assemble(
+        (f"attempt {number}  ", "dim"),
+        f"{clock(attempt.started)}–{ended}  ",
+        ("steps ", "dim"),
+        f"{steps}  ",
+        (str(attempt.status), status_style(attempt.status)),
+    )
 
 
 class ProgressPanel(Static):
@@ -58,6 +78,8 @@ class ProgressPanel(Static):
         lines = [line1, line2]
         if info.generation:  # the rollout backend and its completion tokens/s: a line of its own, line 2 is full
             lines.append(Text.assemble(("generation ", "dim"), info.generation))
+        if len(info.attempts) > 1:  # a resumed run: when each attempt ran, its steps and how it ended
+            lines.extend(attempt_line(i, attempt) for i, attempt in enumerate(info.attempts, 1))
         # A fixed number of lines: no relayout of the screen unless the width or that number changed.
         shape = (self.size.width, len(lines))
         self.update(Group(*lines), layout=shape != getattr(self, "_shape", None))

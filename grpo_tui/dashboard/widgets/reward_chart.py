@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from rich.text import Text
 
 from grpo_tui.dashboard.widgets.braille import SWITCH_STYLE, Series
-from grpo_tui.dashboard.widgets.metric_chart import MetricChart
+from grpo_tui.dashboard.widgets.metric_chart import MetricChart, figure, non_finite_note
 
 MEAN = "rgb(50,140,80)"
 SMOOTH = "bold rgb(120,255,150)"
@@ -47,7 +47,14 @@ class RewardChart(MetricChart):
         title = Text("reward", style="bold")
         if not self.ys:
             return title
-        title.append(f"  mean {self.ys[-1]:.3f} ± {self.std[-1]:.3f}   ", style="bold rgb(80,220,120)")
+        mean, std = figure(self.ys[-1], ".3f"), figure(self.std[-1], ".3f") if self.std else "—"
+        note, dim = non_finite_note(self.ys)
+        if note:
+            title.append(f"  mean {mean} ± {std}", style="bold rgb(80,220,120)")
+            title.append(note, dim)
+            title.append("   ", style="bold rgb(80,220,120)")
+        else:
+            title.append(f"  mean {mean} ± {std}   ", style="bold rgb(80,220,120)")
         title.append("━ smooth ", SMOOTH)
         title.append("━ mean ", MEAN)
         title.append("━ ±std ", BAND)

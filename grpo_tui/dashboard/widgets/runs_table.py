@@ -45,7 +45,8 @@ class RunsTable(DataTable):
         self.add_column("preset", key="preset")
         self.add_column("status", key="status")
         self.add_column("step", key="step")
-        self.add_column("reward", key="reward")
+        # The last step's reward; Compare's "final reward" is the mean of the last steps, another figure.
+        self.add_column("last reward", key="reward")
         self.add_column("loss", key="loss")
         self.add_column("impl", key="impl")
         self.add_column("disk", key="disk")
