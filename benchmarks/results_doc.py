@@ -14,6 +14,8 @@ import json
 import sys
 from pathlib import Path
 
+from grpo_tui.tools.presets_doc import write_doc
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 DOC = ROOT / "docs" / "benchmarks.md"
@@ -100,15 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     except ResultError as exc:
         print(exc, file=sys.stderr)
         return 1
-    if args.check:
-        current = DOC.read_text(encoding="utf-8") if DOC.exists() else ""
-        if current != text:
-            print(f"{DOC.relative_to(ROOT)} is out of date: run python benchmarks/results_doc.py", file=sys.stderr)
-            return 1
-        return 0
-    DOC.parent.mkdir(exist_ok=True)
-    DOC.write_text(text, encoding="utf-8")
-    return 0
+    return write_doc(DOC, text, args.check, "python benchmarks/results_doc.py")
 
 
 if __name__ == "__main__":

@@ -103,25 +103,7 @@ def test_no_import_against_the_flow() -> None:
 
 
 def test_no_import_circle() -> None:
-    edges = graph()
-    state: dict[str, int] = {}
-    stack: list[str] = []
-    circles: list[str] = []
-
-    def visit(node: str) -> None:
-        state[node] = 1
-        stack.append(node)
-        for nxt in sorted(edges[node]):
-            if state.get(nxt) == 1:
-                circles.append(" -> ".join(stack[stack.index(nxt) :] + [nxt]))
-            elif nxt not in state:
-                visit(nxt)
-        stack.pop()
-        state[node] = 2
-
-    for node in sorted(edges):
-        if node not in state:
-            visit(node)
+    circles = circles_in(graph())
     assert circles == [], "import circles:\n" + "\n".join(circles)
 
 

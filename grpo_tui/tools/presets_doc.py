@@ -58,14 +58,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="only check that docs/presets.md is current")
     args = parser.parse_args(argv)
-    text = render()
-    if args.check:
-        if not DOC.exists() or DOC.read_text(encoding="utf-8") != text:
-            print(f"{DOC}: out of date; run python -m grpo_tui.tools.presets_doc", file=sys.stderr)
+    return write_doc(DOC, render(), args.check, "python -m grpo_tui.tools.presets_doc")
+
+
+def write_doc(doc: Path, text: str, check: bool, regenerate: str) -> int:
+    """Write a generated doc, or with `check` only compare: 1 (and one line naming `regenerate`) when it differs."""
+    if check:
+        if not doc.exists() or doc.read_text(encoding="utf-8") != text:
+            print(f"{doc}: out of date; run {regenerate}", file=sys.stderr)
             return 1
         return 0
-    DOC.parent.mkdir(exist_ok=True)
-    DOC.write_text(text, encoding="utf-8")
+    doc.parent.mkdir(exist_ok=True)
+    doc.write_text(text, encoding="utf-8")
     return 0
 
 
