@@ -234,6 +234,8 @@ def binding_owners() -> list[tuple[str, type]]:
     from grpo_tui.dashboard.screens.compare import CompareScreen
     from grpo_tui.dashboard.screens.confirm import ConfirmScreen, QuitScreen
     from grpo_tui.dashboard.screens.dashboard import DashboardScreen
+    from grpo_tui.dashboard.screens.export import ExportScreen
+    from grpo_tui.dashboard.screens.help import HelpScreen
     from grpo_tui.dashboard.screens.preset_editor import PresetEditorScreen
     from grpo_tui.dashboard.screens.presets import PresetScreen
     from grpo_tui.dashboard.screens.rename import RenamePresetScreen
@@ -246,11 +248,13 @@ def binding_owners() -> list[tuple[str, type]]:
         ("rename", RenamePresetScreen),
         ("editor", PresetEditorScreen),
         ("dashboard", DashboardScreen),
+        ("export", ExportScreen),
         ("runs", RunsScreen),
         ("tune", TuneScreen),
         ("compare", CompareScreen),
         ("confirm", ConfirmScreen),
         ("quit", QuitScreen),
+        ("help", HelpScreen),
     ]
 
 
