@@ -306,3 +306,24 @@ async def test_n_on_a_built_in_is_refused_without_a_dialog(app_factory) -> None:
         await pilot.pause()
         assert app.screen is screen
         assert [e.name for e in screen.entries] == [e.name for e in store.list_presets()]
+
+
+async def test_a_failed_write_while_renaming_is_one_line_in_the_dialog(app_factory, monkeypatch) -> None:
+    import errno
+
+    from grpo_tui.config import preset_admin
+
+    mine = store.save_user_preset(store.load_preset("tiny-cpu")[0], "mine")
+    target = store.user_presets_dir() / "renamed.toml"
+
+    def full_disk(*_args, **_kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device", str(target))
+
+    monkeypatch.setattr(preset_admin, "save_user_preset", full_disk)
+    app = app_factory()
+    async with app.run_test(size=SIZE) as pilot:
+        dialog = await _rename_dialog(pilot, app, "mine")
+        await _submit(pilot, dialog, "renamed")
+        assert app.screen is dialog
+        assert plain(dialog.query_one("#rename-error")).strip() == f"{target}: No space left on device"
+        assert mine.is_file() and not target.exists()

@@ -79,9 +79,15 @@ class RenamePresetScreen(ModalScreen[str | None]):
                     ConfirmScreen(question, detail, yes="Shadow"), lambda yes: self.rename(shadow=True) if yes else None
                 )
                 return
-            self.query_one("#rename-error", Label).update(Text(exc.lines[0], "red"))
+            self._refuse(exc.lines[0])
+            return
+        except OSError as exc:  # an unwritable or vanished presets folder: say so, keep the app
+            self._refuse(f"{exc.filename or self.old}: {exc.strerror or exc}")
             return
         self.dismiss(new)
+
+    def _refuse(self, line: str) -> None:
+        self.query_one("#rename-error", Label).update(Text(line, "red"))
 
     def action_cancel(self) -> None:
         self.dismiss(None)
