@@ -234,21 +234,27 @@ def binding_owners() -> list[tuple[str, type]]:
     from grpo_tui.dashboard.screens.compare import CompareScreen
     from grpo_tui.dashboard.screens.confirm import ConfirmScreen, QuitScreen
     from grpo_tui.dashboard.screens.dashboard import DashboardScreen
+    from grpo_tui.dashboard.screens.export import ExportScreen
+    from grpo_tui.dashboard.screens.help import HelpScreen
     from grpo_tui.dashboard.screens.preset_editor import PresetEditorScreen
     from grpo_tui.dashboard.screens.presets import PresetScreen
+    from grpo_tui.dashboard.screens.rename import RenamePresetScreen
     from grpo_tui.dashboard.screens.runs import RunsScreen
     from grpo_tui.dashboard.screens.tune import TuneScreen
 
     return [
         ("everywhere", GrpoTuiApp),
         ("presets", PresetScreen),
+        ("rename", RenamePresetScreen),
         ("editor", PresetEditorScreen),
         ("dashboard", DashboardScreen),
+        ("export", ExportScreen),
         ("runs", RunsScreen),
         ("tune", TuneScreen),
         ("compare", CompareScreen),
         ("confirm", ConfirmScreen),
         ("quit", QuitScreen),
+        ("help", HelpScreen),
     ]
 
 

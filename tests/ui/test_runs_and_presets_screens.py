@@ -1,5 +1,5 @@
 """The app's runs and presets screens: live runs lists, a stream's end judged at once, the runs table's
-columns, editing / overwriting / deleting user presets, the editor's cross-field checks, and words."""
+columns, editing / overwriting / deleting / renaming user presets, the editor's cross-field checks, and words."""
 
 from __future__ import annotations
 
@@ -8,16 +8,20 @@ import os
 import random
 from pathlib import Path
 
+import pytest
 from textual.widgets import Input, OptionList
 from ui_support import SIZE, mark_running, plain, wait_for
 
 from grpo_tui.config import store
+from grpo_tui.config.preset_admin import rename_user_preset
+from grpo_tui.config.schema import PresetError
 from grpo_tui.dashboard.paths import shown_path
 from grpo_tui.dashboard.runs_watch import RunsWatcher
 from grpo_tui.dashboard.screens.confirm import ConfirmScreen
 from grpo_tui.dashboard.screens.dashboard import DashboardScreen
 from grpo_tui.dashboard.screens.preset_editor import PresetEditorScreen
 from grpo_tui.dashboard.screens.presets import PresetScreen
+from grpo_tui.dashboard.screens.rename import RenamePresetScreen
 from grpo_tui.dashboard.screens.runs import RunsScreen
 from grpo_tui.dashboard.widgets.runs_table import RunsTable
 from grpo_tui.runs.status import judge
@@ -224,3 +228,102 @@ async def test_d_deletes_a_user_preset_after_a_confirm(app_factory) -> None:
         await pilot.press("y")
         await wait_for(pilot, lambda: "mine" not in [e.name for e in screen.entries])
         assert not path.exists()
+
+
+# ---- renaming user presets in the app -----------------------------------------------------------
+async def _rename_dialog(pilot, app, name: str) -> RenamePresetScreen:
+    screen = app.screen
+    screen.query_one(OptionList).highlighted = [e.name for e in screen.entries].index(name)
+    await pilot.pause()
+    await pilot.press("n")
+    await wait_for(pilot, lambda: isinstance(app.screen, RenamePresetScreen))
+    return app.screen
+
+
+async def _submit(pilot, dialog, name: str) -> None:
+    dialog.query_one(Input).value = name
+    await pilot.pause()
+    await pilot.press("enter")
+    await pilot.pause()
+
+
+def _cli_refusal(old: str, new: str) -> str:
+    with pytest.raises(PresetError) as refused:
+        rename_user_preset(old, new)
+    return refused.value.lines[0]
+
+
+async def test_n_renames_a_user_preset_refusing_bad_names_inside_the_dialog(app_factory) -> None:
+    base = store.load_preset("tiny-cpu")[0]
+    mine = store.save_user_preset(base.model_copy(update={"description": "mine"}), "mine")
+    store.save_user_preset(base, "other")
+    app = app_factory()
+    async with app.run_test(size=SIZE) as pilot:
+        screen = app.screen
+        dialog = await _rename_dialog(pilot, app, "mine")
+        for bad in ("bad name!", "other"):  # a name the schema refuses; a user preset that exists
+            await _submit(pilot, dialog, bad)
+            assert app.screen is dialog
+            assert plain(dialog.query_one("#rename-error")).strip() == _cli_refusal("mine", bad)
+        assert mine.is_file()
+        await _submit(pilot, dialog, "renamed")
+        await wait_for(pilot, lambda: app.screen is screen and "renamed" in [e.name for e in screen.entries])
+        assert not mine.exists() and "mine" not in [e.name for e in screen.entries]
+        assert store.load_preset("renamed")[0].description == "mine"
+        assert store.load_preset("renamed")[0].name == "renamed"
+        assert screen.selected_name == "renamed"
+
+
+async def test_renaming_to_a_built_ins_name_asks_first_and_the_list_says_it_shadows(app_factory) -> None:
+    mine = store.save_user_preset(store.load_preset("tiny-cpu")[0].model_copy(update={"description": "x"}), "mine")
+    app = app_factory()
+    async with app.run_test(size=SIZE) as pilot:
+        screen = app.screen
+        dialog = await _rename_dialog(pilot, app, "mine")
+        await _submit(pilot, dialog, "tiny-cpu")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen))
+        await pilot.press("n")  # no: nothing renamed, the dialog stays
+        await wait_for(pilot, lambda: app.screen is dialog)
+        assert mine.is_file() and not (store.user_presets_dir() / "tiny-cpu.toml").exists()
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen))
+        await pilot.press("y")
+        await wait_for(pilot, lambda: app.screen is screen and "mine" not in [e.name for e in screen.entries])
+        assert store.find_preset("tiny-cpu").origin == "user" and store.load_preset("tiny-cpu")[0].description == "x"
+        listed = screen.query_one(OptionList).get_option("tiny-cpu").prompt.plain
+        assert listed == "tiny-cpu  user (shadows built-in)"
+        assert screen.query_one("#preset-detail-box").border_title == "tiny-cpu · user (shadows built-in)"
+        assert (store.BUILTIN_DIR / "tiny-cpu.toml").is_file()
+
+
+async def test_n_on_a_built_in_is_refused_without_a_dialog(app_factory) -> None:
+    app = app_factory()
+    async with app.run_test(size=SIZE) as pilot:
+        screen = app.screen
+        screen.query_one(OptionList).highlighted = [e.name for e in screen.entries].index("tiny-cpu")
+        await pilot.pause()
+        await pilot.press("n")
+        await pilot.pause()
+        assert app.screen is screen
+        assert [e.name for e in screen.entries] == [e.name for e in store.list_presets()]
+
+
+async def test_a_failed_write_while_renaming_is_one_line_in_the_dialog(app_factory, monkeypatch) -> None:
+    import errno
+
+    from grpo_tui.config import preset_admin
+
+    mine = store.save_user_preset(store.load_preset("tiny-cpu")[0], "mine")
+    target = store.user_presets_dir() / "renamed.toml"
+
+    def full_disk(*_args, **_kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device", str(target))
+
+    monkeypatch.setattr(preset_admin, "save_user_preset", full_disk)
+    app = app_factory()
+    async with app.run_test(size=SIZE) as pilot:
+        dialog = await _rename_dialog(pilot, app, "mine")
+        await _submit(pilot, dialog, "renamed")
+        assert app.screen is dialog
+        assert plain(dialog.query_one("#rename-error")).strip() == f"{target}: No space left on device"
+        assert mine.is_file() and not target.exists()

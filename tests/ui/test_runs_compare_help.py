@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
+from rich.console import Console
 from ui_support import SIZE, plain, wait_for
 
 from grpo_tui.dashboard.app import binding_owners
 from grpo_tui.dashboard.screens.compare import CompareScreen, OverlayChart
 from grpo_tui.dashboard.screens.dashboard import DashboardScreen
-from grpo_tui.dashboard.screens.help import HelpScreen, _bindings_of
+from grpo_tui.dashboard.screens.help import HelpScreen, bindings_of, bindings_table, key_text
 from grpo_tui.dashboard.screens.presets import PresetScreen
 from grpo_tui.dashboard.screens.runs import RunsScreen
 from grpo_tui.dashboard.widgets.runs_table import RunsTable
@@ -75,23 +78,63 @@ async def test_compare_screen_picks_runs_itself(app_factory, recorded_run, secon
         assert app.screen.data.names == (second_run.name, recorded_run.name)
 
 
+def _squeezed_lines(text: str) -> set[str]:
+    return {" ".join(line.split()) for line in text.splitlines()}
+
+
 async def test_question_mark_lists_every_binding_without_internal_ids(app_factory) -> None:
     app = app_factory()
-    async with app.run_test(size=SIZE) as pilot:
+    async with app.run_test(size=(80, 24)) as pilot:  # the footer hides keys at 80 columns; help lists them
         await pilot.pause()
         await pilot.press("question_mark")
         assert isinstance(app.screen, HelpScreen)
         text = plain(app.screen.query_one("#help-table"))
-        for _, owner in binding_owners():
-            for binding in _bindings_of(owner):
-                assert binding.description and binding.description in text, binding
+        rows = _squeezed_lines(text)
+        for where, owner in binding_owners():
+            for binding in bindings_of(owner):
+                assert binding.description, binding
+                assert f"{where} {key_text(binding)} {binding.description}" in rows, binding
                 assert binding.id and binding.id not in text, binding  # ids are for code, not users
         await pilot.press("escape")
         assert isinstance(app.screen, PresetScreen)
 
 
+def _classes_with_bindings() -> set[type]:
+    """Every screen, app and widget class in the dashboard package that declares keys of its own."""
+    import importlib
+    import inspect
+    import pkgutil
+
+    from textual.dom import DOMNode
+
+    import grpo_tui.dashboard as package
+
+    found: set[type] = set()
+    for info in pkgutil.walk_packages(package.__path__, package.__name__ + "."):
+        module = importlib.import_module(info.name)
+        for _, cls in inspect.getmembers(module, inspect.isclass):
+            if cls.__module__ == module.__name__ and issubclass(cls, DOMNode) and vars(cls).get("BINDINGS"):
+                found.add(cls)
+    return found
+
+
+def test_the_help_screen_lists_every_key_of_every_screen() -> None:
+    """A key added to any screen (or a new screen with keys) shows in `?` without anyone remembering to."""
+    owners = binding_owners()
+    declared = _classes_with_bindings()
+    assert {PresetScreen, DashboardScreen, RunsScreen, HelpScreen} <= declared  # the search finds screens
+    missing = declared - {owner for _, owner in owners}
+    assert not missing, f"not on the help screen: {sorted(c.__qualname__ for c in missing)}"
+    console = Console(width=300, record=True, color_system=None, file=open(os.devnull, "w"))
+    console.print(bindings_table(owners))
+    rows = _squeezed_lines(console.export_text())
+    for where, owner in owners:
+        for binding in bindings_of(owner):
+            assert f"{where} {key_text(binding)} {binding.description}" in rows, binding
+
+
 def test_every_binding_has_a_unique_id_and_a_description() -> None:
-    ids = [b.id for _, owner in binding_owners() for b in _bindings_of(owner)]
+    ids = [b.id for _, owner in binding_owners() for b in bindings_of(owner)]
     assert all(ids) and len(ids) == len(set(ids))
 
 

@@ -7,15 +7,29 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import VerticalScroll
+from textual.keys import format_key
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
 
-def _bindings_of(owner: type) -> list[Binding]:
+def bindings_of(owner: type) -> list[Binding]:
     found: list[Binding] = []
     for item in getattr(owner, "BINDINGS", []):
         found.extend(Binding.make_bindings([item]) if not isinstance(item, Binding) else [item])
     return found
+
+
+def key_text(binding: Binding) -> str:
+    """The keys of `binding` as the help screen shows them: "escape / ? / q" for "escape,question_mark,q"."""
+    if binding.key_display:
+        return binding.key_display
+    return " / ".join(_key_name(key) for key in binding.key.split(","))
+
+
+def _key_name(key: str) -> str:
+    # A typed symbol ("?" for question_mark) reads better; named keys (enter, ctrl+c) stay words, not glyphs.
+    shown = format_key(key)
+    return shown if len(shown) == 1 and shown.isascii() else key
 
 
 def bindings_table(owners: list[tuple[str, type]]) -> Table:
@@ -25,9 +39,8 @@ def bindings_table(owners: list[tuple[str, type]]) -> Table:
     table.add_column("key", style="bold", no_wrap=True)
     table.add_column("what it does", ratio=1)
     for where, owner in owners:
-        for binding in _bindings_of(owner):
-            keys = binding.key_display or binding.key
-            table.add_row(where, keys, binding.description or binding.action)
+        for binding in bindings_of(owner):
+            table.add_row(where, key_text(binding), binding.description or binding.action)
     return table
 
 

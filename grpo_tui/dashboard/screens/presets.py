@@ -59,6 +59,11 @@ def launch_preview(preset: Preset, runs_dir: Path) -> str:
     return launch.format_command(launch.build_launch_command(preset, run_dir), launch.launch_env(preset))
 
 
+def origin_label(entry: store.PresetEntry) -> str:
+    """Where a preset comes from: built-in, user, or a user preset used in place of a built-in."""
+    return "user (shadows built-in)" if entry.shadows_builtin else entry.origin
+
+
 def _relative(path: Path) -> Path:
     # Shorter to read; the runner passes the absolute form of the same path.
     try:
@@ -68,8 +73,8 @@ def _relative(path: Path) -> Path:
 
 
 class PresetScreen(Screen[None]):
-    """Pick a preset and start it; `e` edits, `d` deletes a user preset, Enter/`s` starts, the runs
-    table re-attaches."""
+    """Pick a preset and start it; `e` edits, `d` deletes and `n` renames a user preset, Enter/`s`
+    starts, the runs table re-attaches."""
 
     BINDINGS = [
         Binding("s", "start", "Start", id="presets.start"),
@@ -77,6 +82,7 @@ class PresetScreen(Screen[None]):
         Binding("e", "edit", "Edit", id="presets.edit"),
         Binding("u", "tune", "Tune", show=False, id="presets.tune"),
         Binding("d", "delete", "Delete", id="presets.delete"),
+        Binding("n", "rename", "Rename", show=False, id="presets.rename"),
         Binding("r", "runs", "Runs", id="presets.runs"),
         Binding("c", "compare", "Compare", id="presets.compare"),
         Binding("f5", "reload", "Reload", id="presets.reload"),
@@ -129,7 +135,7 @@ class PresetScreen(Screen[None]):
         options.clear_options()
         for entry in self.entries:
             # Built-in is the rule; only a user preset says where it comes from (narrow lists stay one line).
-            origin = "  user" if entry.origin == "user" else ""
+            origin = "  " + origin_label(entry) if entry.origin == "user" else ""
             label = Text.assemble((entry.name, "bold" if entry.name in self.presets else "red"), (origin, "dim"))
             options.add_option(Option(label, id=entry.name))
         names = [e.name for e in self.entries]
@@ -159,7 +165,7 @@ class PresetScreen(Screen[None]):
         self._select = name
         entry = next(e for e in self.entries if e.name == name)
         box = self.query_one("#preset-detail-box")
-        box.border_title = f"{name} · {entry.origin}"
+        box.border_title = f"{name} · {origin_label(entry)}"
         box.border_subtitle = "built-in" if entry.origin == "built-in" else shown_path(entry.path)
         preset = self.presets.get(name)
         if preset is None:
@@ -267,6 +273,24 @@ class PresetScreen(Screen[None]):
             self.notify(exc.lines[0], title="Not deleted", severity="error")
             return
         self.notify(f"Deleted {shown_path(path)}", title=f"Preset {name}")
+        self.load_presets()
+
+    def action_rename(self) -> None:
+        from grpo_tui.dashboard.screens.rename import RenamePresetScreen
+
+        entry = self.selected_entry
+        if entry is None:
+            return
+        if entry.origin != "user":
+            self.notify(f"{entry.name} is built-in (read-only); only user presets can be renamed.", severity="warning")
+            return
+        self.app.push_screen(RenamePresetScreen(entry.name), lambda new: self._renamed(entry.name, new))
+
+    def _renamed(self, old: str, new: str | None) -> None:
+        if not new:
+            return
+        self.notify(f"Renamed {old} to {new}", title=f"Preset {new}")
+        self._select = new
         self.load_presets()
 
     def action_runs(self) -> None:
