@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -9,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -155,16 +157,27 @@ async def test_the_switch_event_clears_pending_and_is_marked(app_factory, live_r
         assert screen.view.switch_label == "chunked → naive at step 11"
 
 
-async def test_x_asks_then_requests_a_graceful_stop_and_a_second_x_kills(app_factory, runs_dir) -> None:
+@contextlib.contextmanager
+def run_with_victim(runs_dir: Path) -> Iterator[tuple[Path, subprocess.Popen]]:
+    """A running run folder whose process group is a sleeping child (killed at the end if it survived)."""
+    import psutil
+
     run = make_run(runs_dir / "live", steps=10, finished=False).path
     victim = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
     try:
-        import psutil
-
         mark_running(run)
         meta = json.loads((run / "run.json").read_text())
         meta.update(pgid=victim.pid, child_pid=victim.pid, child_started=psutil.Process(victim.pid).create_time())
         (run / "run.json").write_text(json.dumps(meta))
+        yield run, victim
+    finally:
+        if victim.poll() is None:
+            os.killpg(victim.pid, signal.SIGKILL)
+        victim.wait()
+
+
+async def test_x_asks_then_requests_a_graceful_stop_and_a_second_x_kills(app_factory, runs_dir) -> None:
+    with run_with_victim(runs_dir) as (run, victim):
         app = app_factory(clock=time.time)
         async with app.run_test(size=SIZE) as pilot:
             await open_dashboard(app, pilot, run)
@@ -182,22 +195,10 @@ async def test_x_asks_then_requests_a_graceful_stop_and_a_second_x_kills(app_fac
             await pilot.press("enter")
             await wait_for(pilot, lambda: victim.poll() is not None)
             assert victim.returncode == -signal.SIGTERM
-    finally:
-        if victim.poll() is None:
-            os.killpg(victim.pid, signal.SIGKILL)
-        victim.wait()
 
 
 async def test_x_in_the_stop_dialog_kills_at_once(app_factory, runs_dir) -> None:
-    run = make_run(runs_dir / "live", steps=10, finished=False).path
-    victim = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
-    try:
-        import psutil
-
-        mark_running(run)
-        meta = json.loads((run / "run.json").read_text())
-        meta.update(pgid=victim.pid, child_pid=victim.pid, child_started=psutil.Process(victim.pid).create_time())
-        (run / "run.json").write_text(json.dumps(meta))
+    with run_with_victim(runs_dir) as (run, victim):
         app = app_factory(clock=time.time)
         async with app.run_test(size=SIZE) as pilot:
             await open_dashboard(app, pilot, run)
@@ -207,10 +208,6 @@ async def test_x_in_the_stop_dialog_kills_at_once(app_factory, runs_dir) -> None
             await wait_for(pilot, lambda: victim.poll() is not None)
             assert victim.returncode == -signal.SIGTERM
             assert json.loads((run / "control.json").read_text())["kill"] is True
-    finally:
-        if victim.poll() is None:
-            os.killpg(victim.pid, signal.SIGKILL)
-        victim.wait()
 
 
 async def test_tabs_and_completion_steps(app_factory, recorded_run) -> None:
