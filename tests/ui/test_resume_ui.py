@@ -8,6 +8,7 @@ from ui_support import SIZE, wait_for
 
 from grpo_tui.dashboard.screens.dashboard import DashboardScreen
 from grpo_tui.launch import resume
+from grpo_tui.runs.folder import RunDir
 from grpo_tui.tools.demo import make_run
 
 
@@ -31,15 +32,19 @@ def fake_spawn(started: list[Path]):
     return spawn
 
 
-async def test_r_resumes_a_stopped_run_from_its_checkpoint(app_factory, runs_dir: Path, monkeypatch) -> None:
-    run = make_run(runs_dir / "stopped", steps=10, finished=False).path
-    from grpo_tui.runs.folder import RunDir
-
-    folder = RunDir(run)
+def stopped_run(path: Path) -> RunDir:
+    """A stopped run of 10 steps with a checkpoint to resume from and the command it was launched with."""
+    folder = RunDir(make_run(path, steps=10, finished=False).path)
     folder.update_status(status="stopped", pid=None, child_pid=None)
     (folder.checkpoints / "checkpoint-10").mkdir(parents=True)
     (folder.checkpoints / "checkpoint-10" / "trainer_state.json").write_text("{}")
     folder.command.write_text('{"argv": ["python", "-m", "grpo_tui.train", "--run-dir", "x"]}')
+    return folder
+
+
+async def test_r_resumes_a_stopped_run_from_its_checkpoint(app_factory, runs_dir: Path, monkeypatch) -> None:
+    folder = stopped_run(runs_dir / "stopped")
+    run = folder.path
     started: list[Path] = []
     monkeypatch.setattr(resume, "spawn_detached", fake_spawn(started))
     messages = await _press_r(app_factory(), run)
@@ -57,14 +62,9 @@ async def test_r_on_a_finished_run_says_why_not(app_factory, runs_dir: Path, mon
 
 async def test_r_on_a_run_another_process_holds_names_it(app_factory, runs_dir: Path, monkeypatch) -> None:
     from grpo_tui.runs.claim import RUNNING, claim_run
-    from grpo_tui.runs.folder import RunDir
 
-    run = make_run(runs_dir / "held", steps=10, finished=False).path
-    folder = RunDir(run)
-    folder.update_status(status="stopped", pid=None, child_pid=None)
-    (folder.checkpoints / "checkpoint-10").mkdir(parents=True)
-    (folder.checkpoints / "checkpoint-10" / "trainer_state.json").write_text("{}")
-    folder.command.write_text('{"argv": ["python", "-m", "grpo_tui.train", "--run-dir", "x"]}')
+    folder = stopped_run(runs_dir / "held")
+    run = folder.path
     started: list[Path] = []
     monkeypatch.setattr(resume, "spawn_detached", fake_spawn(started))
     import os
