@@ -57,14 +57,16 @@ def hub_model_problem(name: str, is_hub_id: bool) -> str | None:
     """One line when hub model `name` is neither cached nor downloadable now; None otherwise."""
     if not is_hub_id or Path(name).expanduser().exists() or model_cached(name):
         return None
-    fix = f"download it first with `hf download {name}` (or give a local folder)"
+    # A name with control characters is shown quoted, so the error stays one line.
+    shown = name if name.isprintable() else repr(name)
+    fix = f"download it first with `hf download {shown}` (or give a local folder)"
     if hub_offline():
-        return f"model.name_or_path: {name} is not in the local cache and HF_HUB_OFFLINE is set; {fix}"
+        return f"model.name_or_path: {shown} is not in the local cache and HF_HUB_OFFLINE is set; {fix}"
     endpoint = os.environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT
     if not hub_reachable(endpoint):
         host = urlsplit(endpoint).hostname or endpoint
         return (
-            f"model.name_or_path: {name} is not in the local cache and the hub ({host}) is unreachable"
+            f"model.name_or_path: {shown} is not in the local cache and the hub ({host}) is unreachable"
             f" within {HUB_TIMEOUT_S:.0f} s; {fix}"
         )
     return None
