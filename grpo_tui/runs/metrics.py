@@ -27,6 +27,9 @@ Step records (one per logged optimizer step) have no `event` key and carry at le
     generation/tokens: int    completion tokens generated this step, summed over ranks (0 on a step that
                               reuses an earlier rollout: num_iterations > 1)
     generation/tokens_per_s: float   generation/tokens / time_s/generation (absent when nothing was generated)
+    tokens/valid_share/<phase>: float   for generation, scoring and loss: the share of the token positions the
+                              phase computed that were real tokens (prompt and completion), summed over ranks;
+                              1 - it is the padding share. Absent when the phase computed nothing this step.
 plus every metric TRL logs under TRL's own name (e.g. `rewards/<func>/mean`, `frac_reward_zero_std`,
 `kl`, `entropy`, `clip_ratio/region_mean`, `completions/mean_length`, `grad_norm`, `learning_rate`,
 `step_time`, `num_tokens`).
@@ -91,6 +94,8 @@ STEP_TIME_KEY = "time_s/step"
 GENERATION_BACKEND_KEY = "generation/backend"
 GENERATION_TOKENS_KEY = "generation/tokens"
 GENERATION_RATE_KEY = "generation/tokens_per_s"
+# Phases whose computed token positions are counted, real and padding (`valid_share_key`).
+TOKEN_PHASES = ("generation", "scoring", "loss")
 # The decode copy (FSDP2 / LoRA graph rollouts): its MiB per rank (part of the generation phase's peak), seconds
 # to gather, merge and write it this step (its build included), and builds this step.
 DECODE_COPY_KEY = "generation/decode_copy_mib"
@@ -99,6 +104,11 @@ COPY_BUILDS_KEY = "generation/copy_builds"
 # |log p_decode - log p_train| over the step's sampled tokens: mean and max.
 MISMATCH_MEAN_KEY = "generation/logp_mismatch_mean"
 MISMATCH_MAX_KEY = "generation/logp_mismatch_max"
+
+
+def valid_share_key(phase: str) -> str:
+    """Step-record key of the share of a phase's computed token positions that were real (phase in TOKEN_PHASES)."""
+    return f"tokens/valid_share/{phase}"
 
 
 def phase_time_key(phase: str) -> str:
