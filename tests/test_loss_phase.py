@@ -19,7 +19,14 @@ from grpo_tui.config.checks import check_preset
 from grpo_tui.config.schema import Preset, PresetError, validate_data
 from grpo_tui.runs.folder import RunDir
 from grpo_tui.train import assemble, loss_phase
-from grpo_tui.train.loss_phase import LossPhaseMixin, merge_metric, slice_bounds, slice_inputs, slice_share
+from grpo_tui.train.loss_phase import (
+    LossPhaseMixin,
+    group_inputs,
+    merge_metric,
+    slice_bounds,
+    slice_inputs,
+    slice_share,
+)
 
 TINY_PRESET = Path(__file__).resolve().parents[1] / "presets" / "grpo_tui_presets" / "tiny-cpu.toml"
 # Two steps on one generation (num_iterations 2), so step 2 is off-policy; tight clipping makes the clip
@@ -33,6 +40,7 @@ BASE = {
     "beta": 0.1,
     "epsilon_low": 1e-3,
     "epsilon_high": 1e-3,
+    "padding_free": False,  # the slices here are grpo.loss_sub_batch's (test_padding_free.py covers length groups)
 }
 # fp32 on the CPU: slicing only regroups sums (~1e-7 relative); Adam's first step divides each gradient by
 # its own magnitude, so a near-zero gradient's rounding reaches the parameters as ~lr * 1e-2.
@@ -91,13 +99,14 @@ def test_sliced_step_matches_unsliced(
     config = {"loss_type": loss_type, "importance_sampling_level": level}
     whole = train(tmp_path, "whole", impl, **config)
     slices = []
-    with mock.patch.object(loss_phase, "slice_inputs", side_effect=lambda *a: slices.append(a[1:]) or real(*a)):
+    spy = lambda inputs, rows, width: slices.append(list(rows)) or real(inputs, rows, width)  # noqa: E731
+    with mock.patch.object(loss_phase, "group_inputs", side_effect=spy):
         sliced = train(tmp_path, "sliced", impl, loss_sub_batch=3, **config)
-    assert slices == [(0, 3), (3, 6), (6, 8)] * 2
+    assert slices == [[0, 1, 2], [3, 4, 5], [6, 7]] * 2
     assert_same_steps(whole, sliced, SLICED_TOL)
 
 
-real = slice_inputs
+real = group_inputs
 
 
 def test_sliced_with_gradient_accumulation(tiny_model_path: Path, tmp_path: Path) -> None:
@@ -184,10 +193,10 @@ def test_slice_shares_add_up_to_the_whole() -> None:
     inputs = {"completion_ids": torch.zeros_like(mask), "completion_mask": mask}
     bounds = slice_bounds(5, 2)
     for loss_type, total in (("grpo", 1.0), ("dr_grpo", 1.0), ("bnpo", 1.0), ("dapo", 3.0)):
-        shares = [float(slice_share(loss_type, inputs, start, stop)) for start, stop in bounds]
+        shares = [float(slice_share(loss_type, inputs, range(start, stop))) for start, stop in bounds]
         assert sum(shares) == pytest.approx(total), loss_type
     with pytest.raises(ValueError, match="no known normaliser"):
-        slice_share("made_up", inputs, 0, 2)
+        slice_share("made_up", inputs, range(2))
 
 
 def test_slice_inputs_keeps_scalars_and_refuses_what_it_cannot_slice() -> None:

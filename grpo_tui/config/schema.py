@@ -211,6 +211,11 @@ class GrpoSection(_Section):
         False,
         description="Keep the loss forward's saved activations in host memory; lowers the loss peak, costs copy time",
     )
+    padding_free: bool = Field(
+        True,
+        description="Scoring and the loss skip completion padding: rows grouped by length, each group cut after its "
+        "longest completion (same log-probs; false: TRL's padded batches)",
+    )
 
 
 class LossSection(_Section):

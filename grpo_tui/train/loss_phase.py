@@ -8,7 +8,10 @@ grpo.loss_sub_batch      the loss forward + backward over slices of N sequences 
                          slice's loss scaled so that the slice losses sum to the unsliced loss, and the
                          logged metrics merged back into the one entry per micro-step TRL logs.
 
-Either option makes `compute_loss` run the backward itself (one per slice, inside the offload context)
+grpo.padding_free        the slices are rows grouped by completion length (length_groups.py), each cut
+                         after its longest completion: the backbone no longer computes the padding.
+
+Slicing or offload makes `compute_loss` run the backward itself (one per slice, inside the offload context)
 and hand the Trainer a detached total as a leaf: the Trainer's own backward on it reaches no parameter.
 """
 
@@ -16,10 +19,12 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
+
+from grpo_tui.train.length_groups import RowGroup, completion_lengths, length_groups
 
 # How TRL 1.16's `_compute_loss` normalises each loss type, hence each slice's share of the loss.
 PER_SEQUENCE_LOSSES = ("grpo", "sapo", "luspo", "dr_grpo")  # / number of sequences: share n_slice / n
@@ -55,20 +60,62 @@ def slice_bounds(batch: int, size: int | None) -> list[tuple[int, int]]:
     return [(start, min(start + size, batch)) for start in range(0, batch, size)]
 
 
+# Inputs over the prompt's columns (never cut) and over the completion's (cut to a group's width).
+PROMPT_KEYS = ("prompt_ids", "prompt_mask")
+TOKEN_KEYS = (
+    "completion_ids",
+    "completion_mask",
+    "old_per_token_logps",
+    "ref_per_token_logps",
+    "sampling_per_token_logps",
+    "tool_mask",
+    "importance_sampling_ratio",
+    "advantages",
+)
+
+
 def slice_inputs(inputs: dict[str, Any], start: int, stop: int) -> dict[str, Any]:
     """Rows [start, stop) of every per-sequence tensor; scalars (num_items_in_batch) and None as they are."""
-    batch = inputs["completion_ids"].size(0)
+    return group_inputs(inputs, range(start, stop), inputs["completion_ids"].size(1))
+
+
+def group_inputs(inputs: dict[str, Any], rows: Sequence[int], width: int) -> dict[str, Any]:
+    """Rows `rows` of every per-sequence tensor, the per-token ones cut to the first `width` completion columns;
+    scalars (num_items_in_batch) and None as they are."""
+    batch, columns = inputs["completion_ids"].shape
     if inputs.get("pixel_values") is not None:
         raise ValueError("grpo.loss_sub_batch: multimodal inputs cannot be sliced; unset grpo.loss_sub_batch")
+    contiguous = list(rows) == list(range(rows[0], rows[0] + len(rows))) if len(rows) else True
+    index = None
     out: dict[str, Any] = {}
     for key, value in inputs.items():
         if value is None or (isinstance(value, torch.Tensor) and value.dim() == 0):
             out[key] = value
         elif isinstance(value, torch.Tensor) and value.size(0) == batch:
-            out[key] = value[start:stop]
+            if contiguous:
+                part = value[rows[0] : rows[0] + len(rows)] if len(rows) else value[:0]
+            else:
+                index = torch.tensor(list(rows), device=value.device) if index is None else index.to(value.device)
+                part = value.index_select(0, index)
+            if width < columns and key in TOKEN_KEYS and part.dim() >= 2 and part.size(1) == columns:
+                part = part[:, :width]
+            out[key] = part
         else:
             raise ValueError(f"grpo.loss_sub_batch: cannot slice input {key!r}; unset grpo.loss_sub_batch")
     return out
+
+
+def cuttable(inputs: dict[str, Any]) -> bool:
+    """Whether every input over the completion's columns is one `group_inputs` knows to cut."""
+    columns = inputs["completion_ids"].size(1)
+    return all(
+        key in TOKEN_KEYS
+        or key in PROMPT_KEYS
+        or not isinstance(v, torch.Tensor)
+        or v.dim() < 2
+        or v.size(1) != columns
+        for key, v in inputs.items()
+    )
 
 
 def loss_mask(inputs: dict[str, Any]) -> torch.Tensor:
@@ -77,16 +124,16 @@ def loss_mask(inputs: dict[str, Any]) -> torch.Tensor:
     return mask if "tool_mask" not in inputs else mask * inputs["tool_mask"]
 
 
-def slice_share(loss_type: str, inputs: dict[str, Any], start: int, stop: int) -> torch.Tensor | float:
-    """The factor that turns slice [start, stop)'s loss into its part of the whole micro-batch's loss."""
+def slice_share(loss_type: str, inputs: dict[str, Any], rows: Sequence[int]) -> torch.Tensor | float:
+    """The factor that turns the loss over `rows` into its part of the whole micro-batch's loss."""
     if loss_type in FIXED_NORM_LOSSES:
         return 1.0
     if loss_type in PER_SEQUENCE_LOSSES:
-        return (stop - start) / inputs["completion_ids"].size(0)
+        return len(rows) / inputs["completion_ids"].size(0)
     if loss_type in PER_TOKEN_LOSSES:
         mask = loss_mask(inputs)
         # clamp as TRL does: an all-padding slice has loss 0 whatever its share
-        return mask[start:stop].sum().clamp(min=1.0) / mask.sum().clamp(min=1.0)
+        return mask[list(rows)].sum().clamp(min=1.0) / mask.sum().clamp(min=1.0)
     raise ValueError(f"grpo.loss_sub_batch: loss_type {loss_type!r} has no known normaliser")
 
 
@@ -115,66 +162,87 @@ def merge_metric(
     raise RuntimeError(f"loss sub-batches: no rule to merge metric {name!r} over slices")
 
 
+def slicing_problems(trainer: Any) -> list[str]:
+    """What in the trainer's configuration keeps a loss over slices from equalling the unsliced one."""
+    refusals = {
+        "top_entropy_quantile": trainer.top_entropy_quantile < 1.0,  # a quantile over the whole micro-batch
+        "entropy_coef": trainer._entropy_bonus_enabled,  # its own normaliser beside the policy loss's
+        "router aux loss": trainer.aux_loss_enabled,
+        "loss_type": trainer.loss_type not in PER_SEQUENCE_LOSSES + PER_TOKEN_LOSSES + FIXED_NORM_LOSSES,
+    }
+    return [name for name, refused in refusals.items() if refused]
+
+
 class LossPhaseMixin:
-    """`compute_loss` for GrpoTuiTrainer under grpo.loss_sub_batch / grpo.activation_offload."""
+    """`compute_loss` for GrpoTuiTrainer under grpo.loss_sub_batch / activation_offload / padding_free."""
 
     loss_sub_batch: int | None = None
     activation_offload: bool = False
+    padding_free: bool = False
     offload_manager: contextlib.AbstractContextManager | None = None
 
     def loss_phase_refusal(self) -> str | None:
         """Why grpo.loss_sub_batch cannot be exact with this configuration (one line), or None."""
-        if self.loss_sub_batch is None:
-            return None
-        refusals = {
-            "top_entropy_quantile": self.top_entropy_quantile < 1.0,  # a quantile over the whole micro-batch
-            "entropy_coef": self._entropy_bonus_enabled,  # its own normaliser beside the policy loss's
-            "router aux loss": self.aux_loss_enabled,
-            "loss_type": self.loss_type not in PER_SEQUENCE_LOSSES + PER_TOKEN_LOSSES + FIXED_NORM_LOSSES,
-        }
-        bad = [name for name, refused in refusals.items() if refused]
+        bad = slicing_problems(self) if self.loss_sub_batch is not None else []
         if bad:
             return f"grpo.loss_sub_batch: cannot slice the loss exactly with {', '.join(bad)}; unset it"
         return None
 
+    def loss_groups(self, inputs: dict[str, Any]) -> list[RowGroup]:
+        """The slices of this micro-batch's loss: rows in the micro-batch's order under grpo.loss_sub_batch, or,
+        with grpo.padding_free, rows grouped by completion length (one group, cut after the micro-batch's longest
+        completion, where slicing would not be exact)."""
+        batch, columns = inputs["completion_ids"].shape
+        if not self.padding_free or not cuttable(inputs) or inputs.get("pixel_values") is not None:
+            return [RowGroup(list(range(a, b)), columns) for a, b in slice_bounds(batch, self.loss_sub_batch)]
+        lengths = completion_lengths(inputs["completion_mask"])
+        if slicing_problems(self):
+            return [RowGroup(list(range(batch)), max(1, max(lengths, default=1)))]
+        return length_groups(lengths, self.loss_sub_batch)
+
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        if (self.loss_sub_batch is None and not self.activation_offload) or not torch.is_grad_enabled():
+        if not torch.is_grad_enabled():
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
-        bounds = slice_bounds(inputs["completion_ids"].size(0), self.loss_sub_batch)
+        groups = self.loss_groups(inputs)
+        self.token_counts.add_groups("loss", inputs["prompt_mask"], inputs["completion_mask"], groups)
+        if len(groups) == 1 and not self.activation_offload:
+            # One slice: the Trainer's own backward, on the micro-batch cut after its longest completion.
+            part = group_inputs(inputs, groups[0].rows, groups[0].width)
+            return super().compute_loss(model, part, return_outputs, num_items_in_batch)
         mode = "train" if self.model.training else "eval"
         logged = {key: len(values) for key, values in self._metrics[mode].items()}
         total = torch.zeros((), device=self.accelerator.device)
-        for index, (start, stop) in enumerate(bounds):
-            part = inputs if len(bounds) == 1 else slice_inputs(inputs, start, stop)
-            share = slice_share(self.loss_type, inputs, start, stop)
-            with self._slice_sync(model, last=index == len(bounds) - 1), self._offloading(model):
+        for index, group in enumerate(groups):
+            part = group_inputs(inputs, group.rows, group.width)
+            share = slice_share(self.loss_type, inputs, group.rows)
+            with self._slice_sync(model, last=index == len(groups) - 1), self._offloading(model):
                 loss = super().compute_loss(model, part, return_outputs, num_items_in_batch) * share
                 self.accelerator.backward(loss)
             total += loss.detach()
-        if len(bounds) > 1:
-            self._merge_slice_metrics(self._metrics[mode], logged, inputs, bounds)
+        if len(groups) > 1:
+            self._merge_slice_metrics(self._metrics[mode], logged, inputs, groups)
         # The backward is done: the Trainer's own `accelerator.backward` on this leaf reaches no parameter.
         return total.requires_grad_()
 
     def _merge_slice_metrics(
-        self, metrics: dict[str, list[float]], logged: dict[str, int], inputs: dict[str, Any], bounds: list
+        self, metrics: dict[str, list[float]], logged: dict[str, int], inputs: dict[str, Any], groups: list[RowGroup]
     ) -> None:
         """Replace the one entry per slice that each metric got since `logged` by the micro-batch's value."""
-        tokens, sequences = self._slice_counts(inputs, bounds)
+        tokens, sequences = self._slice_counts(inputs, groups)
         ratio_weights = sequences if self.importance_sampling_level == "sequence" else tokens
         for key, values in metrics.items():
             new = values[logged.get(key, 0) :]
             if not new:
                 continue
-            if len(new) != len(bounds):
-                raise RuntimeError(f"loss sub-batches: metric {key!r} logged {len(new)} times for {len(bounds)} slices")
+            if len(new) != len(groups):
+                raise RuntimeError(f"loss sub-batches: metric {key!r} logged {len(new)} times for {len(groups)} slices")
             values[logged.get(key, 0) :] = [merge_metric(key, new, tokens, sequences, ratio_weights)]
 
-    def _slice_counts(self, inputs: dict[str, Any], bounds: list[tuple[int, int]]) -> tuple[list[float], list[float]]:
+    def _slice_counts(self, inputs: dict[str, Any], groups: list[RowGroup]) -> tuple[list[float], list[float]]:
         """Tokens and sequences behind each slice, summed over processes (the weights of TRL's global means)."""
         mask = loss_mask(inputs).float()
         local = torch.stack(
-            [torch.stack([mask[a:b].sum(), mask.new_tensor(float(b - a))]) for a, b in bounds]
+            [torch.stack([mask[g.rows].sum(), mask.new_tensor(float(len(g.rows)))]) for g in groups]
         )  # [S, 2]
         counts = self.accelerator.reduce(local, reduction="sum").tolist()
         return [c[0] for c in counts], [c[1] for c in counts]

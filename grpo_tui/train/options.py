@@ -19,6 +19,7 @@ class TrainerOptions:
     scoring_sub_batch: int | None = None
     loss_sub_batch: int | None = None
     activation_offload: bool = False
+    padding_free: bool = False
     sdpa_kernels: tuple[str, ...] = ()  # model.sdpa_kernels: held for the whole step (`training_attention`)
     profile_dir: str | None = None  # $GRPO_TUI_PROFILE_STEP profiles one step into it; None: no profiling
 
@@ -33,6 +34,7 @@ class TrainerOptions:
             scoring_sub_batch=g.scoring_sub_batch,
             loss_sub_batch=g.loss_sub_batch,
             activation_offload=g.activation_offload,
+            padding_free=g.padding_free,
             sdpa_kernels=tuple(preset.model.sdpa_kernels),
             profile_dir=profile_dir,
         )

@@ -159,12 +159,14 @@ class TrainingSession:
     def _on_step_logged(self, trainer: Any, logs: dict[str, Any]) -> None:
         from accelerate.utils import gather_object
 
+        from grpo_tui.train.length_groups import share_fields
         from grpo_tui.train.phase_memory import generation_fields, merge_snapshots, merge_times
 
         mine = (
             trainer.phases.snapshot(trainer.phases.take_step()),
             trainer.phases.take_times(),
             trainer.rollouts.take_stats(),
+            trainer.token_counts.take(),
         )
         with self.heartbeat.during(COLLECTIVE):
             per_rank = gather_object([mine]) if self.state.use_distributed else [mine]
@@ -182,9 +184,10 @@ class TrainingSession:
                 record[key] = self._last_reward[key]
             elif record.get(key) is not None:
                 self._last_reward[key] = record[key]
-        record["memory"] = merge_snapshots([snapshot for snapshot, _, _ in per_rank])
-        record.update(merge_times([times for _, times, _ in per_rank]))
-        record.update(generation_fields(trainer.rollouts.backend, [stats for _, _, stats in per_rank], record))
+        record["memory"] = merge_snapshots([snapshot for snapshot, *_ in per_rank])
+        record.update(merge_times([times for _, times, *_ in per_rank]))
+        record.update(generation_fields(trainer.rollouts.backend, [stats for _, _, stats, _ in per_rank], record))
+        record.update(share_fields([counts for *_, counts in per_rank]))
         self.writer.write(record)
         self._flush_pending()
         self._write_completions(trainer)

@@ -18,6 +18,7 @@ from grpo_tui.config.schema import LOSS_IMPLS
 from grpo_tui.losses import IMPLEMENTATIONS, LossImplError, LossSettings, refusals
 from grpo_tui.losses.base import peft_base
 from grpo_tui.train.decode_attention import training_attention
+from grpo_tui.train.length_groups import TokenCounts, completion_lengths, computed_positions, length_groups
 from grpo_tui.train.loss_phase import LossPhaseMixin, slice_bounds
 from grpo_tui.train.options import TrainerOptions
 
@@ -45,6 +46,8 @@ class GrpoTuiTrainer(LossPhaseMixin, GRPOTrainer):
         self.scoring_sub_batch = options.scoring_sub_batch
         self.loss_sub_batch, self.activation_offload = options.loss_sub_batch, options.activation_offload
         self.sdpa_kernels = options.sdpa_kernels
+        self.padding_free = options.padding_free
+        self.token_counts = TokenCounts()
         self.on_step_logged = on_step_logged
         self.last_train_logps: torch.Tensor | None = None  # the last loss forward's log-probs (decode mismatch)
         super().__init__(*args, **kwargs)
@@ -101,22 +104,28 @@ class GrpoTuiTrainer(LossPhaseMixin, GRPOTrainer):
             prompt_ids, images, multimodal_fields, num_generations, has_tool_images
         )
         self.rollouts.tokens += sum(map(len, completion_ids))  # the step record's generation/tokens
+        for start, stop in self._generation_slices(prompt_ids, multimodal_fields):
+            # Decoding computes every row of a slice until its slowest is done, prompts left-padded to the longest
+            prompts, completions = prompt_ids[start:stop], completion_ids[start:stop]
+            valid = sum(map(len, prompts)) + sum(map(len, completions))
+            width = max(map(len, prompts)) + max(map(len, completions), default=0)
+            self.token_counts.add("generation", valid, width * len(prompts))
         self.rollouts.end_rollout()
         return completion_ids, logprobs
 
-    def _sliced_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images):
+    def _generation_slices(self, prompt_ids, multimodal_fields) -> list[tuple[int, int]]:
         # grpo.generation_sub_batch: generate the rollout a slice at a time, so the KV cache (the step's peak
         # for long completions) holds one slice. Each completion is sampled independently, so slicing keeps
         # the distribution; vLLM, continuous batching and multimodal inputs manage their own memory.
         size = self.generation_sub_batch
+        if size is None or self.use_vllm or self.use_transformers_continuous_batching or multimodal_fields:
+            size = None
+        return slice_bounds(len(prompt_ids), size) if prompt_ids else []
+
+    def _sliced_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images):
         turn = self.rollouts.single_turn(super()._generate_single_turn)
-        if (
-            size is None
-            or len(prompt_ids) <= size
-            or self.use_vllm
-            or self.use_transformers_continuous_batching
-            or multimodal_fields
-        ):
+        bounds = self._generation_slices(prompt_ids, multimodal_fields)
+        if len(bounds) <= 1:
             return turn(prompt_ids, images, multimodal_fields, num_generations, has_tool_images)
         parts = [
             turn(
@@ -126,7 +135,7 @@ class GrpoTuiTrainer(LossPhaseMixin, GRPOTrainer):
                 num_generations,
                 has_tool_images,
             )
-            for start, stop in slice_bounds(len(prompt_ids), size)
+            for start, stop in bounds
         ]
         completion_ids = [ids for part_ids, _ in parts for ids in part_ids]
         logprobs = None if any(lp is None for _, lp in parts) else [x for _, lp in parts for x in lp]
@@ -153,10 +162,59 @@ class GrpoTuiTrainer(LossPhaseMixin, GRPOTrainer):
         compute_aux_loss=False,
         **multimodal,
     ):
-        if self.scoring_sub_batch is not None and not torch.is_grad_enabled():
+        scoring = not torch.is_grad_enabled()
+        if self.scoring_sub_batch is not None and scoring:
             # Scoring (old/reference log-probs) runs without autograd: smaller forwards lower its peak. The loss
             # forward keeps its graph for backward, where slicing would not lower the peak; it is left alone.
             batch_size = min(batch_size or input_ids.size(0), self.scoring_sub_batch)
+        if scoring and self.padding_free and not compute_aux_loss and all(v is None for v in multimodal.values()):
+            return self._score_grouped(model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy)
+        if scoring:
+            self.token_counts.add("scoring", attention_mask.sum().item(), attention_mask.numel())
+        return self._score(
+            model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, compute_aux_loss, multimodal
+        )
+
+    def _score_grouped(self, model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy):
+        """Scoring with rows grouped by completion length, each group cut after its longest completion
+        (grpo.padding_free): at least MIN_GROUPS forwards, none over `batch_size` rows; cut columns come back 0."""
+        rows, prompt_width = input_ids.size(0), input_ids.size(1) - logits_to_keep
+        groups = length_groups(completion_lengths(attention_mask[:, prompt_width:]), batch_size or rows)
+        logps = entropies = None
+        for group in groups:
+            index = torch.tensor(group.rows, device=input_ids.device)
+            stop = prompt_width + group.width
+            part = self._score(
+                model,
+                input_ids.index_select(0, index)[:, :stop],
+                attention_mask.index_select(0, index)[:, :stop],
+                group.width,
+                len(group.rows),
+                compute_entropy,
+                False,
+                {},
+            )
+            if logps is None:
+                logps = part[0].new_zeros((rows, logits_to_keep))
+                entropies = part[1].new_zeros((rows, logits_to_keep)) if compute_entropy else None
+            logps[index, : group.width] = part[0]
+            if compute_entropy:
+                entropies[index, : group.width] = part[1]
+        valid = attention_mask.sum().item()
+        self.token_counts.add("scoring", valid, computed_positions(prompt_width, groups))
+        return logps, entropies, None
+
+    def _score(
+        self,
+        model,
+        input_ids,
+        attention_mask,
+        logits_to_keep,
+        batch_size,
+        compute_entropy,
+        compute_aux_loss,
+        multimodal,
+    ):
         impl = IMPLEMENTATIONS[self.loss_impl]
         if impl.name == "trl" or compute_aux_loss or any(v is not None for v in multimodal.values()):
             out = super()._get_per_token_logps_and_entropies(

@@ -1,0 +1,223 @@
+"""grpo.padding_free: rows grouped by completion length, each group cut after its longest completion.
+
+The grouping is optimal and rank-independent; scoring returns the padded path's log-probs; a training step
+equals the padded one for every loss implementation and with LoRA, gradient checkpointing, activation
+offload and loss sub-batches; the step record carries each phase's valid-token share.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import tomllib
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_loss_phase import LORA, SLICED_TOL, TINY_PRESET, assert_same_steps, train
+
+from grpo_tui.config.schema import Preset
+from grpo_tui.runs.folder import RunDir
+from grpo_tui.runs.metrics import TOKEN_PHASES, valid_share_key
+from grpo_tui.train import assemble, loss_phase
+from grpo_tui.train.length_groups import (
+    TokenCounts,
+    balanced_groups,
+    chunk_groups,
+    completion_lengths,
+    computed_positions,
+    length_groups,
+    share_fields,
+)
+
+# fp32 on the CPU: a group's forward sees the same real tokens at the same positions; only the sums over
+# masked-out columns are shorter.
+SCORE_TOL = 1e-6
+
+
+# ---- the grouping ----------------------------------------------------------------------------------
+def test_completion_lengths_end_at_the_last_real_column() -> None:
+    mask = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0], [0, 0, 0, 0], [1, 0, 1, 0], [1, 1, 1, 1]])
+    assert completion_lengths(mask) == [3, 1, 0, 3, 4]
+    assert completion_lengths(torch.zeros((2, 0))) == [0, 0]
+
+
+def brute_force(lengths: list[int], groups: int, limit: int) -> int:
+    """The least rows x width over every split of the sorted rows into `groups` runs of at most `limit`."""
+    widths = sorted((max(1, x) for x in lengths), reverse=True)
+    n, best = len(widths), math.inf
+    for cuts in itertools.combinations(range(1, n), groups - 1):
+        bounds = list(zip((0, *cuts), (*cuts, n)))
+        if all(b - a <= limit for a, b in bounds):
+            best = min(best, sum((b - a) * widths[a] for a, b in bounds))
+    return best
+
+
+@settings(max_examples=150, deadline=None, database=None)
+@given(
+    lengths=st.lists(st.integers(min_value=0, max_value=40), min_size=1, max_size=9),
+    groups=st.integers(min_value=1, max_value=5),
+    limit=st.none() | st.integers(min_value=1, max_value=9),
+)
+def test_balanced_groups_are_the_least_work_split(lengths: list[int], groups: int, limit: int | None) -> None:
+    out = balanced_groups(lengths, groups, limit)
+    n = len(lengths)
+    cap = n if limit is None else min(limit, n)
+    # The count depends on the row count alone: every rank of a sharded run does as many forwards.
+    assert len(out) == min(n, max(groups, math.ceil(n / cap)))
+    assert sorted(r for g in out for r in g.rows) == list(range(n))
+    assert all(len(g.rows) <= cap and g.width == max(1, max(lengths[r] for r in g.rows)) for g in out)
+    assert computed_positions(0, out) == brute_force(lengths, len(out), cap)
+
+
+def test_length_groups_search_only_below_the_memory_bound_count() -> None:
+    lengths = [7, 1, 3, 3, 9, 2, 2, 8]
+    assert length_groups(lengths, 2) == chunk_groups(lengths, 2)  # four groups of two already
+    assert length_groups(lengths, 3) == balanced_groups(lengths, 4, 3)
+    assert length_groups(lengths) == balanced_groups(lengths, 4)
+
+
+def test_chunk_groups_keep_the_forward_count_and_size() -> None:
+    lengths = [3, 9, 0, 5, 9, 1, 2]
+    out = chunk_groups(lengths, 3)
+    assert [g.rows for g in out] == [[1, 4, 3], [0, 6, 5], [2]]
+    assert [g.width for g in out] == [9, 3, 1]  # an all-padding group still keeps one column
+    assert computed_positions(10, out) == 3 * 19 + 3 * 13 + 1 * 11
+
+
+def test_token_counts_merge_over_ranks_into_shares() -> None:
+    counts = TokenCounts()
+    counts.add("scoring", 30, 40)
+    counts.add("scoring", 10, 40)
+    counts.add_groups("loss", torch.ones(2, 3), torch.tensor([[1, 0], [1, 1]]), chunk_groups([1, 2], 2))
+    mine = counts.take()
+    assert mine == {"scoring": (40, 80), "loss": (9, 10)} and counts.take() == {}
+    other = {"scoring": (20, 20), "generation": (0, 0)}
+    fields = share_fields([mine, other])
+    assert fields == {valid_share_key("scoring"): 0.6, valid_share_key("loss"): 0.9}  # generation computed nothing
+
+
+# ---- scoring ---------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def tiny_trainer(tiny_model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    data = tomllib.loads(TINY_PRESET.read_text())
+    run = RunDir(tmp_path_factory.mktemp("padding-free") / "run")
+    run.path.mkdir(parents=True)
+    trainer = assemble.build_trainer(Preset.model_validate(data), run)
+    trainer.model.eval()
+    return trainer
+
+
+def padded_batch(vocab: int, prompts: list[int], completions: list[int], seed: int = 0) -> tuple:
+    """Prompts left-padded and completions right-padded, as TRL lays a rollout out."""
+    gen = torch.Generator().manual_seed(seed)
+    width, cap = max(prompts), max(completions)
+    ids = torch.randint(3, vocab, (len(prompts), width + cap), generator=gen)
+    mask = torch.zeros_like(ids)
+    for row, (p, c) in enumerate(zip(prompts, completions, strict=True)):
+        mask[row, width - p : width + c] = 1
+    return ids, mask, cap
+
+
+@pytest.mark.parametrize("impl", ["chunked", "naive", "trl"])
+def test_scoring_returns_the_padded_log_probs(tiny_trainer: Any, impl: str) -> None:
+    trainer = tiny_trainer
+    ids, mask, cap = padded_batch(trainer.model.config.vocab_size, [5, 2, 7, 3, 6, 4], [9, 1, 4, 0, 6, 2])
+    out = {}
+    with mock.patch.object(trainer, "loss_impl", impl), torch.no_grad():
+        for padding_free in (False, True):
+            with mock.patch.object(trainer, "padding_free", padding_free):
+                trainer.token_counts.take()
+                logps, entropies, _ = trainer._get_per_token_logps_and_entropies(
+                    trainer.model, ids, mask, cap, batch_size=2, compute_entropy=True
+                )
+                out[padding_free] = logps, entropies, trainer.token_counts.take()["scoring"]
+    real = mask[:, -cap:].bool()
+    for a, b in zip(out[False][:2], out[True][:2], strict=True):
+        assert (a[real] - b[real]).abs().max().item() <= SCORE_TOL
+    # Same real tokens. Padded: three forwards of two rows at 7 + 9 columns. Grouped: four groups of at most
+    # two rows (completions 9 | 6 | 4, 2 | 1, 0 at the least), each cut at its longest: 6 x 7 + 9 + 6 + 8 + 2.
+    assert out[False][2] == (int(mask.sum()), 6 * 16)
+    assert out[True][2] == (int(mask.sum()), 6 * 7 + 25)
+
+
+# ---- the training step -----------------------------------------------------------------------------
+@pytest.fixture
+def groups_seen(monkeypatch: pytest.MonkeyPatch) -> list[tuple[list[int], int, int]]:
+    """(rows, width, completion columns) of each loss slice."""
+    seen: list[tuple[list[int], int, int]] = []
+    real = loss_phase.group_inputs
+
+    def spy(inputs: dict[str, Any], rows: Any, width: int) -> dict[str, Any]:
+        seen.append((list(rows), width, inputs["completion_ids"].size(1)))
+        return real(inputs, rows, width)
+
+    monkeypatch.setattr(loss_phase, "group_inputs", spy)
+    return seen
+
+
+@pytest.mark.parametrize(
+    ("impl", "loss_type", "extra"),
+    [
+        ("chunked", "grpo", {}),
+        ("chunked", "dapo", {"importance_sampling_level": "sequence"}),
+        ("naive", "bnpo", {"gradient_checkpointing": True}),
+        ("trl", "dr_grpo", {}),
+        ("chunked", "bnpo", {"peft": LORA, "gradient_checkpointing": True, "loss_sub_batch": 2}),
+    ],
+)
+def test_step_equals_the_padded_step(
+    tiny_model_path: Path, tmp_path: Path, groups_seen: list, impl: str, loss_type: str, extra: dict
+) -> None:
+    config = {"loss_type": loss_type, **extra}
+    padded = train(tmp_path, "padded", impl, **config)
+    groups_seen.clear()
+    grouped = train(tmp_path, "grouped", impl, padding_free=True, **config)
+    assert_same_steps(padded, grouped, SLICED_TOL)
+    # Four length groups per micro-batch of 8 (pairs under loss_sub_batch 2), and some were cut short.
+    assert len(groups_seen) == 2 * 4 and all(len(rows) <= extra.get("loss_sub_batch", 8) for rows, *_ in groups_seen)
+    assert any(width < columns for _, width, columns in groups_seen)
+    assert any(rows != sorted(rows) or len(rows) == 1 for rows, _, _ in groups_seen)
+    loss, padded_loss = grouped.token_counts.take()["loss"], padded.token_counts.take()["loss"]
+    assert loss[0] == padded_loss[0] and loss[1] < padded_loss[1]  # same real tokens, fewer computed
+
+
+def test_a_loss_that_cannot_be_sliced_is_cut_whole(
+    tiny_model_path: Path, tmp_path: Path, groups_seen: list, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config_of = assemble.grpo_config
+
+    def entropy_quantile(preset: Preset, run: RunDir) -> Any:  # a GRPOConfig setting no preset field makes
+        config = config_of(preset, run)
+        config.top_entropy_quantile = 0.5
+        return config
+
+    monkeypatch.setattr(assemble, "grpo_config", entropy_quantile)
+    padded = train(tmp_path, "padded", "trl")
+    groups_seen.clear()
+    grouped = train(tmp_path, "grouped", "trl", padding_free=True)
+    assert grouped.top_entropy_quantile == 0.5
+    assert_same_steps(padded, grouped, SLICED_TOL)
+    assert [rows for rows, _, _ in groups_seen] == [list(range(8))] * 2
+
+
+def test_step_records_carry_valid_shares(tiny_model_path: Path, tmp_path: Path) -> None:
+    from test_trainer import make_run, run_steps
+
+    shares = {}
+    for padding_free in (False, True):
+        # beta > 0: the reference log-probs make a scoring phase (tiny-cpu's own step has none)
+        grpo = {"max_steps": 1, "beta": 0.1, "padding_free": padding_free}
+        run = make_run(tmp_path, f"pf-{padding_free}", grpo=grpo)
+        code, (step,), _ = run_steps(run)
+        assert code == 0
+        shares[padding_free] = {phase: step[valid_share_key(phase)] for phase in TOKEN_PHASES}
+        assert all(0 < share <= 1 for share in shares[padding_free].values())
+    # The rollouts are the same; scoring and the loss compute fewer padding positions.
+    assert shares[True]["generation"] == shares[False]["generation"]
+    assert shares[True]["scoring"] > shares[False]["scoring"]
+    assert shares[True]["loss"] >= shares[False]["loss"]
