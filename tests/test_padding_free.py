@@ -221,3 +221,106 @@ def test_step_records_carry_valid_shares(tiny_model_path: Path, tmp_path: Path) 
     assert shares[True]["generation"] == shares[False]["generation"]
     assert shares[True]["scoring"] > shares[False]["scoring"]
     assert shares[True]["loss"] >= shares[False]["loss"]
+
+
+# ---- FSDP2 -----------------------------------------------------------------------------------------
+# Two CPU ranks with `fully_shard` called directly (accelerate runs DDP on the CPU): the loss phase's length
+# groups on a sharded model, each rank with its own completion lengths, against the padded loss of an
+# unsharded copy with its gradients averaged over the ranks, as FSDP reduces them.
+FSDP_SCRIPT = r"""
+import contextlib, json, os, sys, torch, torch.distributed as dist
+from types import SimpleNamespace
+from torch.distributed.fsdp import fully_shard
+from transformers import AutoModelForCausalLM
+from grpo_kernels import fused_linear_grpo_loss
+from grpo_tui.losses.chunked import add_hidden_states_forward, full_head_params, lm_head_of
+from grpo_tui.train import loss_phase
+from grpo_tui.train.length_groups import TokenCounts
+
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+path, out = sys.argv[1], sys.argv[2]
+
+class Accelerator:
+    num_processes, sync_gradients, device = world, True, torch.device("cpu")
+    def backward(self, loss): loss.backward()
+    def reduce(self, t, reduction="sum"): t = t.clone(); dist.all_reduce(t); return t
+    @contextlib.contextmanager
+    def no_sync(self, model):
+        model.set_requires_gradient_sync(False)
+        yield
+        model.set_requires_gradient_sync(True)
+
+class Loss:  # what TRL's compute_loss is to the mixin: one micro-batch's GRPO loss
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1)
+        mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1)
+        width = inputs["completion_ids"].size(1)
+        hidden = model(input_ids=ids, attention_mask=mask, return_last_hidden=True)[:, -width - 1 : -1]
+        weight, bias = full_head_params(lm_head_of(model))
+        loss, _ = fused_linear_grpo_loss(hidden, weight, inputs["completion_ids"], inputs["completion_mask"],
+                                         inputs["advantages"], bias=bias, loss_type="grpo", chunk_tokens=5)
+        return loss
+
+class Probe(loss_phase.LossPhaseMixin, Loss):
+    loss_type, importance_sampling_level, top_entropy_quantile = "grpo", "token", 1.0
+    _entropy_bonus_enabled = aux_loss_enabled = False
+    def __init__(self, padding_free):
+        self.padding_free, self.token_counts, self.accelerator = padding_free, TokenCounts(), Accelerator()
+        self.model, self._metrics = SimpleNamespace(training=True), {"train": {}}
+
+models = [AutoModelForCausalLM.from_pretrained(path).float() for _ in range(2)]
+for m in models:
+    add_hidden_states_forward(m)
+model, ref = models
+for layer in model.model.layers:
+    fully_shard(layer)
+fully_shard(model)
+
+g = torch.Generator().manual_seed(100 + rank)  # each rank its own rows and lengths
+B, P, T = 8, 5, 10
+prompt_ids, completion_ids = torch.randint(3, 60, (B, P), generator=g), torch.randint(3, 60, (B, T), generator=g)
+prompt_mask, completion_mask = torch.zeros(B, P, dtype=torch.long), torch.zeros(B, T, dtype=torch.long)
+for row in range(B):
+    prompt_mask[row, int(torch.randint(0, P, (1,), generator=g)) :] = 1
+    completion_mask[row, : int(torch.randint(1, T + 1, (1,), generator=g))] = 1
+completion_mask[rank, :] = 1  # one row at the cap
+inputs = dict(prompt_ids=prompt_ids, prompt_mask=prompt_mask, completion_ids=completion_ids,
+              completion_mask=completion_mask, advantages=torch.randn(B, generator=g), num_items_in_batch=None)
+
+grouped = Probe(padding_free=True)
+seen = []
+cut = loss_phase.group_inputs
+loss_phase.group_inputs = lambda i, rows, width: seen.append((list(rows), width)) or cut(i, rows, width)
+grouped.compute_loss(model, inputs).backward()  # the groups ran their backwards; this leaf reaches nothing
+loss_phase.group_inputs = cut
+Probe(padding_free=False).compute_loss(ref, inputs).backward()
+err = 0.0
+for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+    want = q.grad.clone()
+    dist.all_reduce(want)
+    err = max(err, (p.grad.full_tensor() - want / world).abs().max().item())
+json.dump({"groups": seen, "err": err}, open(f"{out}/rank{rank}.json", "w"))
+dist.barrier()
+os._exit(0)  # gloo's threads can abort in the interpreter's teardown on CPU
+"""
+
+
+@pytest.mark.slow
+def test_fsdp2_length_groups_give_the_padded_gradients(tiny_model_path: Path, tmp_path: Path) -> None:
+    import json
+    import subprocess
+
+    from test_distributed_cpu import _errors
+    from torchrun import loopback_env, torchrun
+
+    script = tmp_path / "padding_free_fsdp.py"
+    script.write_text(FSDP_SCRIPT)
+    argv = [*torchrun(2), str(script), str(tiny_model_path), str(tmp_path)]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=180, env=loopback_env(OMP_NUM_THREADS="1"))
+    assert proc.returncode == 0, _errors(proc.stderr)
+    results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    for r in results:
+        assert len(r["groups"]) == 4 and any(width < 10 for _, width in r["groups"])  # cut on every rank
+        assert r["err"] <= 1e-5
+    assert results[0]["groups"] != results[1]["groups"]  # each rank grouped its own lengths
