@@ -7,8 +7,6 @@ offload and loss sub-batches; the step record carries each phase's valid-token s
 
 from __future__ import annotations
 
-import itertools
-import math
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -16,8 +14,6 @@ from unittest import mock
 
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
 from test_loss_phase import LORA, SLICED_TOL, TINY_PRESET, assert_same_steps, train
 
 from grpo_tui.config.schema import Preset
@@ -26,7 +22,6 @@ from grpo_tui.runs.metrics import TOKEN_PHASES, valid_share_key
 from grpo_tui.train import assemble, loss_phase
 from grpo_tui.train.length_groups import (
     TokenCounts,
-    balanced_groups,
     chunk_groups,
     completion_lengths,
     computed_positions,
@@ -46,39 +41,12 @@ def test_completion_lengths_end_at_the_last_real_column() -> None:
     assert completion_lengths(torch.zeros((2, 0))) == [0, 0]
 
 
-def brute_force(lengths: list[int], groups: int, limit: int) -> int:
-    """The least rows x width over every split of the sorted rows into `groups` runs of at most `limit`."""
-    widths = sorted((max(1, x) for x in lengths), reverse=True)
-    n, best = len(widths), math.inf
-    for cuts in itertools.combinations(range(1, n), groups - 1):
-        bounds = list(zip((0, *cuts), (*cuts, n)))
-        if all(b - a <= limit for a, b in bounds):
-            best = min(best, sum((b - a) * widths[a] for a, b in bounds))
-    return best
-
-
-@settings(max_examples=150, deadline=None, database=None)
-@given(
-    lengths=st.lists(st.integers(min_value=0, max_value=40), min_size=1, max_size=9),
-    groups=st.integers(min_value=1, max_value=5),
-    limit=st.none() | st.integers(min_value=1, max_value=9),
-)
-def test_balanced_groups_are_the_least_work_split(lengths: list[int], groups: int, limit: int | None) -> None:
-    out = balanced_groups(lengths, groups, limit)
-    n = len(lengths)
-    cap = n if limit is None else min(limit, n)
-    # The count depends on the row count alone: every rank of a sharded run does as many forwards.
-    assert len(out) == min(n, max(groups, math.ceil(n / cap)))
-    assert sorted(r for g in out for r in g.rows) == list(range(n))
-    assert all(len(g.rows) <= cap and g.width == max(1, max(lengths[r] for r in g.rows)) for g in out)
-    assert computed_positions(0, out) == brute_force(lengths, len(out), cap)
-
-
-def test_length_groups_search_only_below_the_memory_bound_count() -> None:
-    lengths = [7, 1, 3, 3, 9, 2, 2, 8]
-    assert length_groups(lengths, 2) == chunk_groups(lengths, 2)  # four groups of two already
-    assert length_groups(lengths, 3) == balanced_groups(lengths, 4, 3)
-    assert length_groups(lengths) == balanced_groups(lengths, 4)
+def test_length_groups_are_equal_sorted_runs_of_the_row_count() -> None:
+    lengths = [7, 1, 3, 3, 9, 2, 2, 8, 5]
+    # ceil(9 / 4) = 3 rows a group: the sizes depend on the row count alone, never on the lengths
+    assert [g.rows for g in length_groups(lengths)] == [[4, 7, 0], [8, 2, 3], [5, 6, 1]]
+    assert [g.width for g in length_groups(lengths)] == [9, 5, 2]
+    assert [len(g.rows) for g in length_groups(lengths, 2)] == [2, 2, 2, 2, 1]  # a sub-batch bound below it
 
 
 def test_chunk_groups_keep_the_forward_count_and_size() -> None:
@@ -139,10 +107,10 @@ def test_scoring_returns_the_padded_log_probs(tiny_trainer: Any, impl: str) -> N
     real = mask[:, -cap:].bool()
     for a, b in zip(out[False][:2], out[True][:2], strict=True):
         assert (a[real] - b[real]).abs().max().item() <= SCORE_TOL
-    # Same real tokens. Padded: three forwards of two rows at 7 + 9 columns. Grouped: four groups of at most
-    # two rows (completions 9 | 6 | 4, 2 | 1, 0 at the least), each cut at its longest: 6 x 7 + 9 + 6 + 8 + 2.
+    # Same real tokens. Padded: three forwards of two rows at 7 + 9 columns. Grouped: completions 9, 6 | 4, 2 |
+    # 1, 0, each pair cut after its longest.
     assert out[False][2] == (int(mask.sum()), 6 * 16)
-    assert out[True][2] == (int(mask.sum()), 6 * 7 + 25)
+    assert out[True][2] == (int(mask.sum()), 2 * (7 + 9) + 2 * (7 + 4) + 2 * (7 + 1))
 
 
 # ---- the training step -----------------------------------------------------------------------------
