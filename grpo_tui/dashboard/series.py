@@ -152,5 +152,16 @@ def num(value: Any) -> float:
         return math.inf if value > 0 else -math.inf
 
 
+def fraction(value: Any) -> float | None:
+    """A share in [0, 1] as a float; None for anything else (absent, a bool, NaN, +-inf, out of range, not a number)."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if 0.0 <= number <= 1.0 else None  # NaN fails both comparisons
+
+
 def nan_to(value: float, default: float) -> float:
     return default if math.isnan(value) else value
