@@ -107,7 +107,7 @@ def memory_columns(recs: list[dict[str, Any]]) -> list[array]:
         alloc = array("d", [max(map(_ALLOC, g)) if g else NAN for g in gpus])
         reserved = array("d", [max(map(_RESERVED, g)) if g else NAN for g in gpus])
         return [peak, alloc, reserved, rss, *phases]
-    except (KeyError, TypeError, IndexError, ValueError):
+    except (KeyError, TypeError, IndexError, ValueError, OverflowError):  # OverflowError: an integer beyond a double
         return _memory_columns_slow(recs)
 
 
