@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from operator import itemgetter
 from typing import Any
 
-from grpo_tui.runs.metrics import PHASES
+from grpo_tui.runs.metrics import PHASES, as_float
 
 NAN = float("nan")
 
@@ -154,13 +154,8 @@ def num(value: Any) -> float:
 
 def fraction(value: Any) -> float | None:
     """A share in [0, 1] as a float; None for anything else (absent, a bool, NaN, +-inf, out of range, not a number)."""
-    if not isinstance(value, (int, float)) or isinstance(value, bool):
-        return None
-    try:
-        number = float(value)
-    except OverflowError:
-        return None
-    return number if 0.0 <= number <= 1.0 else None  # NaN fails both comparisons
+    number = as_float(value)
+    return number if number is not None and 0.0 <= number <= 1.0 else None
 
 
 def nan_to(value: float, default: float) -> float:
