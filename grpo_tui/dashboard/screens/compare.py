@@ -98,7 +98,10 @@ def padding_cells(a: dict[str, float | None], b: dict[str, float | None]) -> tup
     def cells(shares: dict[str, float | None]) -> str:
         return "/".join("—" if shares.get(p) is None else f"{100 * shares[p]:.0f}" for p in TOKEN_PHASES)
 
-    diffs = [None if b.get(p) is None or a.get(p) is None else round(100 * (b[p] - a[p])) for p in TOKEN_PHASES]  # type: ignore[operator]
+    diffs: list[int | None] = []
+    for phase in TOKEN_PHASES:
+        va, vb = a.get(phase), b.get(phase)
+        diffs.append(None if va is None or vb is None else round(100 * (vb - va)))
     if all(d == 0 for d in diffs):
         return cells(a), cells(b), Text("≈ same", "dim")
     points = ["—" if d is None else f"{d:+d}".replace("-", "−") if d else "0" for d in diffs]

@@ -200,7 +200,7 @@ def phase_table(
     """Per-phase peak MiB (last step, run peak, before/after the loss-impl switch when there is one) and,
     when the run logs them, mean seconds per step and share of the step time over the recent steps, and
     the latest step's valid / padding token shares: a column where it fits `width`, else a line below."""
-    header: list[str | tuple[str, str]] = ["phase", "last", "peak"]
+    header = ["phase", "last", "peak"]
     if switch:
         header += ["before", "after"]
     timed = any(v.get("time_s") is not None for v in peaks.values())
@@ -229,7 +229,7 @@ def phase_table(
     if counted and _fits([[*header, VALID_HEADER], *([*r, c] for r, c in zip(rows, shares))], width):
         header.append(VALID_HEADER)
         rows = [[*r, c] for r, c in zip(rows, shares)]
-    elif counted:  # the switch's columns fill the panel: the shares go on a line of their own
+    elif counted:  # no room for a column (the switch's columns fill the panel): a line of their own
         caption = Text.assemble((VALID_HEADER, "bold"), *(f"  {phase} {cell}" for phase, cell in counted))
     # Collapsed padding: one space between columns, so switch and time columns fit the panel's ~56 cells.
     table = Table(box=None, expand=True, pad_edge=False, collapse_padding=True, header_style="bold", caption=caption)
