@@ -5,10 +5,12 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-from grpo_tui.dashboard.compare import FINAL_REWARD_STEPS, aligned, compare_runs
+import pytest
+
+from grpo_tui.dashboard.compare import FINAL_REWARD_STEPS, aligned, compare_runs, summarize
 from grpo_tui.dashboard.loading import load_run
 from grpo_tui.dashboard.state import PEAK_MIB, RunState
-from grpo_tui.runs.metrics import PHASES, read_records
+from grpo_tui.runs.metrics import PHASES, TOKEN_PHASES, read_records, valid_share_key
 from grpo_tui.tools.demo import make_run
 
 
@@ -53,3 +55,20 @@ def test_aligned_and_empty_runs() -> None:
     table = compare_runs(RunState(), RunState())
     assert table.common_steps == 0 and table.max_abs_reward_delta is None
     assert table.rows[0].final_reward is None and table.rows[0].phase_peaks_mib == dict.fromkeys(PHASES)
+
+
+def test_mean_padding_share_per_token_phase_skips_steps_without_a_share() -> None:
+    from grpo_tui.dashboard.screens.compare import padding_cells
+
+    padded, trimmed, old = RunState(), RunState(), RunState()
+    shares = [0.6, 0.7, float("nan"), 1.5, "x", None]  # the last four: not shares, left out of the mean
+    padded.apply([{"step": s + 1, valid_share_key("generation"): v} for s, v in enumerate(shares)])
+    padded.apply([{"step": 7, valid_share_key("loss"): 0.8}])
+    trimmed.apply([{"step": s, **{valid_share_key(p): 0.95 for p in TOKEN_PHASES}} for s in (1, 2)])
+    old.apply([{"step": 1, "reward": 0.5}])  # written before the keys existed
+    a, b, c = (summarize(state) for state in (padded, trimmed, old))
+    assert a.padding["generation"] == pytest.approx(0.35) and a.padding["loss"] == pytest.approx(0.2)
+    assert a.padding["scoring"] is None and c.padding == dict.fromkeys(TOKEN_PHASES)
+    cell_a, cell_b, delta = padding_cells(a.padding, b.padding)
+    assert (cell_a, cell_b, delta.plain) == ("35/—/20", "5/5/5", "−30/—/−15 pts")
+    assert padding_cells(b.padding, b.padding)[2].plain == "≈ same"

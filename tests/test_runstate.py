@@ -133,6 +133,13 @@ def test_cpu_memory_uses_rss_and_odd_memory_records_do_not_break() -> None:
     assert state.phase_peaks == {"loss": 710.0} and state.run_peak_mib == 700.0
 
 
+def test_an_integer_beyond_a_double_in_memory_reads_as_infinity() -> None:
+    state = RunState()
+    phases = {"generation": 10**400, "scoring": 1.0, "loss": 2.0, "optimizer": 3.0}
+    state.apply([_step(1, memory={"device": "cuda", "gpus": [], "rss_mib": 10**400, "phases": phases})])
+    assert state.phase_peaks["generation"] == math.inf and state.phase_peaks["loss"] == 2.0
+
+
 @pytest.mark.parametrize(
     ("device", "local_rank", "gpu"), [("cuda:3", 3, 3), ("cuda", 2, 2), ("cpu", 0, None), (1, None, 1)]
 )

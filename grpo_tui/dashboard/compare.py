@@ -5,8 +5,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from grpo_tui.dashboard.series import fraction
 from grpo_tui.dashboard.state import PEAK_MIB, RunState
-from grpo_tui.runs.metrics import PHASES
+from grpo_tui.runs.metrics import PHASES, TOKEN_PHASES, valid_share_key
 from grpo_tui.runs.product import read_product
 
 # Steps averaged for a run's "final reward".
@@ -27,6 +28,8 @@ class RunSummary:
     final_reward: float | None  # mean reward of the last FINAL_REWARD_STEPS steps
     # Held-out reward before -> after training per reward function (eval.json), empty before `grpo-tui eval`
     heldout: dict[str, tuple[float, float]] = field(default_factory=dict)
+    # Mean padding share of each token phase (metrics.TOKEN_PHASES) over the steps that logged one, else None
+    padding: dict[str, float | None] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -53,7 +56,14 @@ def summarize(state: RunState, label: str = "") -> RunSummary:
         median_step_time_s=state.median_step_time(),
         final_reward=sum(tail) / len(tail) if tail else None,
         heldout=read_product(state.run_dir).scores if state.run_dir is not None else {},
+        padding={p: mean_padding_share(state, p) for p in TOKEN_PHASES},
     )
+
+
+def mean_padding_share(state: RunState, phase: str) -> float | None:
+    """1 - the mean valid-token share of `phase` over the steps that logged a share (None: none did)."""
+    shares = [share for share in map(fraction, state.column(valid_share_key(phase))) if share is not None]
+    return 1.0 - sum(shares) / len(shares) if shares else None
 
 
 def aligned(a: RunState, b: RunState, name: str) -> tuple[list[float], list[float], list[float]]:

@@ -22,6 +22,7 @@ from grpo_tui.dashboard.attempts import Attempt
 from grpo_tui.dashboard.loading import load_recent, load_run
 from grpo_tui.dashboard.log_noise import DeprecationFilter
 from grpo_tui.dashboard.monitor import GpuHistory, MonitorSnapshot
+from grpo_tui.dashboard.series import fraction
 from grpo_tui.dashboard.state import PEAK_MIB, RunState, phase_series
 from grpo_tui.runs.completions import CompletionIndex, PromptGroup
 from grpo_tui.runs.folder import RunDir, file_stamp, read_json
@@ -35,8 +36,10 @@ from grpo_tui.runs.metrics import (
     MISMATCH_MEAN_KEY,
     PHASES,
     STEP_TIME_KEY,
+    TOKEN_PHASES,
     as_float,
     phase_time_key,
+    valid_share_key,
 )
 from grpo_tui.runs.product import RunProduct, product_stamp, read_product
 from grpo_tui.runs.status import LIVE_STATES, RunStatus, judge
@@ -310,10 +313,13 @@ def _pair(series: tuple[list[float], ...]) -> tuple[list[float], list[float]]:
 
 
 def phase_rows(state: RunState) -> dict[str, dict[str, float | None]]:
-    """Per phase: last step's peak, run peak, peaks before / after the latest switch, and the mean
-    seconds of the recent steps with their share of the step (None for runs that logged no times)."""
+    """Per phase: last step's peak, run peak, peaks before / after the latest switch, the mean seconds
+    of the recent steps with their share of the step (None for runs that logged no times) and, for the
+    phases that count tokens, the latest step's valid-token share (`valid`: None where that step logged
+    none or a value that is not a share; no `valid` key at all for runs that never logged one)."""
     rows: dict[str, dict[str, float | None]] = {}
     step_s = _recent_mean(state, STEP_TIME_KEY)
+    counted = any(state.has_series(valid_share_key(p)) for p in TOKEN_PHASES)
     for phase in PHASES:
         seconds = _recent_mean(state, phase_time_key(phase))
         last = state.last(phase_series(phase))
@@ -327,6 +333,8 @@ def phase_rows(state: RunState) -> dict[str, dict[str, float | None]]:
             "time_s": seconds,
             "share": seconds / step_s if seconds is not None and step_s else None,
         }
+        if counted and phase in TOKEN_PHASES:
+            rows[phase]["valid"] = fraction(state.last_record.get(valid_share_key(phase)))
         copy = state.last(DECODE_COPY_KEY) if phase == "generation" else None
         if copy is not None:  # part of the generation peak: the graph decoder's copy of the weights
             rows[DECODE_COPY_ROW] = {"last": copy, "peak": None, "before": None, "after": None, "part": True}

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from operator import itemgetter
 from typing import Any
 
-from grpo_tui.runs.metrics import PHASES
+from grpo_tui.runs.metrics import PHASES, as_float
 
 NAN = float("nan")
 
@@ -107,7 +107,7 @@ def memory_columns(recs: list[dict[str, Any]]) -> list[array]:
         alloc = array("d", [max(map(_ALLOC, g)) if g else NAN for g in gpus])
         reserved = array("d", [max(map(_RESERVED, g)) if g else NAN for g in gpus])
         return [peak, alloc, reserved, rss, *phases]
-    except (KeyError, TypeError, IndexError, ValueError):
+    except (KeyError, TypeError, IndexError, ValueError, OverflowError):  # OverflowError: an integer beyond a double
         return _memory_columns_slow(recs)
 
 
@@ -150,6 +150,12 @@ def num(value: Any) -> float:
         return float(value)
     except OverflowError:
         return math.inf if value > 0 else -math.inf
+
+
+def fraction(value: Any) -> float | None:
+    """A share in [0, 1] as a float; None for anything else (absent, a bool, NaN, +-inf, out of range, not a number)."""
+    number = as_float(value)
+    return number if number is not None and 0.0 <= number <= 1.0 else None
 
 
 def nan_to(value: float, default: float) -> float:

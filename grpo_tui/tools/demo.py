@@ -1,9 +1,9 @@
 """A realistic, deterministic recorded run for tests, benchmarks and screenshots of the dashboard.
 
 `make_run(path, steps=...)` writes a complete run folder (config.toml, run.json, metrics.jsonl with
-start / loss_impl_switch / finish events, per-reward-function metrics, per-phase memory, and
-completions.jsonl). Fixed seed and fixed timestamps: the same arguments give byte-identical files,
-so snapshot tests stay stable. `LiveWriter` appends the same kind of records at N Hz to a run
+start / loss_impl_switch / finish events, per-reward-function metrics, per-phase memory, time and
+valid-token shares, and completions.jsonl). Fixed seed and fixed timestamps: the same arguments give
+byte-identical files, so snapshot tests stay stable. `LiveWriter` appends the same kind of records at N Hz to a run
 folder from a background thread, to exercise the dashboard's live path.
 
 No torch, no Textual: this only writes files in the schema of `grpo_tui.runs.metrics`.
@@ -20,7 +20,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from grpo_tui.runs.metrics import PHASES, SCHEMA_VERSION, STEP_TIME_KEY, last_step, phase_time_key
+from grpo_tui.runs.metrics import (
+    PHASES,
+    SCHEMA_VERSION,
+    STEP_TIME_KEY,
+    TOKEN_PHASES,
+    last_step,
+    phase_time_key,
+    valid_share_key,
+)
 
 # Fixed wall-clock origin of a recorded run (2026-01-01 00:00:00 UTC) so files are reproducible.
 T0 = 1767225600.0
@@ -98,6 +106,11 @@ def step_record(
     shares = {"generation": 0.55, "scoring": 0.12, "loss": 0.22 if loss_impl == "chunked" else 0.18, "optimizer": 0.06}
     record.update({phase_time_key(p): _fmt(step_s * shares[p]) for p in PHASES})
     record[STEP_TIME_KEY] = _fmt(step_s)
+    # Valid-token shares, also not drawn from rng: generation decodes finished rows until the longest one
+    # ends; scoring and loss trim their length-grouped slices, so only a little padding is left.
+    wobble = 0.03 * math.sin(step / 7.0)
+    valid = {"generation": 0.62 + wobble, "scoring": 0.91 + wobble / 3, "loss": 0.93 + wobble / 3}
+    record.update({valid_share_key(p): round(valid[p], 3) for p in TOKEN_PHASES})
     for name, value in funcs.items():
         record[f"rewards/{name}/mean"] = _fmt(value)
         record[f"rewards/{name}/std"] = _fmt(0.3 * (1 - 0.5 * progress))

@@ -24,7 +24,7 @@ from grpo_tui.dashboard.widgets.bars import mib
 from grpo_tui.dashboard.widgets.braille import Series
 from grpo_tui.dashboard.widgets.metric_chart import MetricChart
 from grpo_tui.dashboard.widgets.runs_table import RunsTable
-from grpo_tui.runs.metrics import PHASES
+from grpo_tui.runs.metrics import PHASES, TOKEN_PHASES
 
 COLOURS = ("rgb(95,175,255)", "rgb(255,135,95)")
 MAX_POINTS = 400
@@ -52,7 +52,8 @@ def load_compare(a: Path, b: Path) -> CompareData:
 
 
 def comparison_table(data: CompareData) -> Table:
-    """Rows: per-phase peak, run peak, median step time, final reward, held-out reward before → after, steps, loss impls."""
+    """Rows: per-phase peak, run peak, median step time, final reward, mean padding share per token phase,
+    held-out reward before → after, steps, loss impls."""
     a, b = data.table.rows
     table = Table(expand=True, box=None, header_style="bold", pad_edge=False)
     table.add_column("")
@@ -79,6 +80,8 @@ def comparison_table(data: CompareData) -> Table:
     row("peak · run", a.run_peak_mib, b.run_peak_mib, mib)
     row("step time (median)", a.median_step_time_s, b.median_step_time_s, lambda v: f"{v:.3f} s")
     row("final reward", a.final_reward, b.final_reward, lambda v: f"{v:.3f}", lower_is_better=False)
+    if any(v is not None for v in [*a.padding.values(), *b.padding.values()]):
+        table.add_row(f"padding % · {'/'.join(TOKEN_PHASES)}", *padding_cells(a.padding, b.padding))
     for name in dict.fromkeys([*a.heldout, *b.heldout]):  # eval.json's held-out scores, when there are some
         pa, pb = a.heldout.get(name), b.heldout.get(name)
         cells = [f"{p[0]:.3f} → {p[1]:.3f}" if p is not None else "n/a" for p in (pa, pb)]
@@ -87,6 +90,22 @@ def comparison_table(data: CompareData) -> Table:
     table.add_row("steps", str(a.steps), str(b.steps), "")
     table.add_row("loss impl", " → ".join(a.loss_impls) or "?", " → ".join(b.loss_impls) or "?", "")
     return table
+
+
+def padding_cells(a: dict[str, float | None], b: dict[str, float | None]) -> tuple[str, str, Text]:
+    """Each run's mean padding percent per token phase, `38/9/7`, and B − A in points (`−30/−1/0`)."""
+
+    def cells(shares: dict[str, float | None]) -> str:
+        return "/".join("—" if shares.get(p) is None else f"{100 * shares[p]:.0f}" for p in TOKEN_PHASES)
+
+    diffs: list[int | None] = []
+    for phase in TOKEN_PHASES:
+        va, vb = a.get(phase), b.get(phase)
+        diffs.append(None if va is None or vb is None else round(100 * (vb - va)))
+    if all(d == 0 for d in diffs):
+        return cells(a), cells(b), Text("≈ same", "dim")
+    points = ["—" if d is None else f"{d:+d}".replace("-", "−") if d else "0" for d in diffs]
+    return cells(a), cells(b), Text("/".join(points) + " pts", "dim")
 
 
 class OverlayChart(MetricChart):

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from rich.cells import cell_len
 from rich.console import Group
 from rich.table import Table
 from rich.text import Text
@@ -187,28 +188,33 @@ def _host_panel(snapshot: Any, history: Sequence[float], rss_peak: float | None,
     )
 
 
-def phase_table(peaks: Mapping[str, Mapping[str, float | None]], switch: str | None) -> Table:
+# Cells of the phase table's panel (the dashboard's right column, 60 wide, less border and padding).
+PHASE_TABLE_WIDTH = 56
+# Header of a phase's valid / padding token shares in percent, e.g. "38/62".
+VALID_HEADER = "valid/pad %"
+
+
+def phase_table(
+    peaks: Mapping[str, Mapping[str, float | None]], switch: str | None, width: int = PHASE_TABLE_WIDTH
+) -> Table:
     """Per-phase peak MiB (last step, run peak, before/after the loss-impl switch when there is one) and,
-    when the run logs them, mean seconds per step and share of the step time over the recent steps."""
-    # Collapsed padding: one space between columns, so switch and time columns fit the panel's ~56 cells.
-    table = Table(box=None, expand=True, pad_edge=False, collapse_padding=True, header_style="bold")
-    table.add_column("phase")
-    table.add_column("last", justify="right")
-    table.add_column("peak", justify="right")
+    when the run logs them, mean seconds per step and share of the step time over the recent steps, and
+    the latest step's valid / padding token shares: a column where it fits `width`, else a line below."""
+    header = ["phase", "last", "peak"]
     if switch:
-        table.add_column("before", justify="right")
-        table.add_column("after", justify="right")
+        header += ["before", "after"]
     timed = any(v.get("time_s") is not None for v in peaks.values())
     if timed:
-        table.add_column("time/step", justify="right")  # mean seconds and share of the step
+        header.append("time/step")  # mean seconds and share of the step
     top = max((v.get("peak") or 0 for v in peaks.values()), default=0)
     slowest = max((v.get("time_s") or 0 for v in peaks.values()), default=0)
+    rows: list[list[str | Text]] = []
     for phase, v in peaks.items():
         if v.get("part"):  # a share of the phase above it (the decode copy): its last MiB only
-            table.add_row(phase, mib(v.get("last")), *[""] * (len(table.columns) - 2))
+            rows.append([phase, mib(v.get("last")), *[""] * (len(header) - 2)])
             continue
         style = "bold yellow" if top and v.get("peak") == top else ""
-        row = [phase, mib(v.get("last")), Text(mib(v.get("peak")), style)]
+        row: list[str | Text] = [phase, mib(v.get("last")), Text(mib(v.get("peak")), style)]
         if switch:
             row += [mib(v.get("before")), mib(v.get("after"))]
         if timed:
@@ -216,5 +222,37 @@ def phase_table(peaks: Mapping[str, Mapping[str, float | None]], switch: str | N
             style = "bold cyan" if slowest and seconds == slowest else ""
             cell = "n/a" if seconds is None else f"{seconds:.2f}s {_na(share, '{:>3.0%}')}"
             row.append(Text(cell, style))
+        rows.append(row)
+    shares = [_shares(v) for v in peaks.values()]
+    counted = [(phase, cell) for phase, cell in zip(peaks, shares) if cell]
+    caption = None
+    if counted and _fits([[*header, VALID_HEADER], *([*r, c] for r, c in zip(rows, shares))], width):
+        header.append(VALID_HEADER)
+        rows = [[*r, c] for r, c in zip(rows, shares)]
+    elif counted:  # no room for a column (the switch's columns fill the panel): a line of their own
+        caption = Text.assemble((VALID_HEADER, "bold"), *(f"  {phase} {cell}" for phase, cell in counted))
+    # Collapsed padding: one space between columns, so switch and time columns fit the panel's ~56 cells.
+    table = Table(box=None, expand=True, pad_edge=False, collapse_padding=True, header_style="bold", caption=caption)
+    table.caption_justify = "left"
+    for name in header:
+        table.add_column(name, justify="left" if name == "phase" else "right")
+    for row in rows:
         table.add_row(*row)
     return table
+
+
+def _shares(v: Mapping[str, float | None]) -> str:
+    """`38/62` (valid / padding percent) for a phase that counts tokens, `—` when its share is unknown, else ``."""
+    if "valid" not in v:
+        return ""
+    valid = v["valid"]
+    if valid is None:
+        return "—"
+    pct = round(100 * valid)
+    return f"{pct}/{100 - pct}"
+
+
+def _fits(rows: list[list[str | Text]], width: int) -> bool:
+    # One space between columns (collapsed padding), each column as wide as its widest cell.
+    widths = [max(cell_len(str(cell)) for cell in column) for column in zip(*rows)]
+    return sum(widths) + len(widths) - 1 <= width
