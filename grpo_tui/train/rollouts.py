@@ -233,9 +233,10 @@ class Rollouts:
         return stats
 
     def forced_lengths(self, rows: int) -> list[int] | None:
-        """The lengths the next slice of `rows` rows ends at (None when none are forced): drawn from the step,
-        this process's rank and the slice's number within the step, so a run with the same seed draws alike."""
-        if self.forced is None:
+        """The lengths the next slice of `rows` rows ends at (None when none are forced, or without a
+        max_completion_length to draw them under): drawn from the step, this process's rank and the slice's
+        number within the step, so a run with the same seed draws alike."""
+        if self.forced is None or not self.trainer.max_completion_length:
             return None
         step = self.trainer.state.global_step
         if step != self._draw_step:
