@@ -38,11 +38,8 @@ class EndAtLengths(LogitsProcessor):
 
 
 @contextmanager
-def ending_at(model: Any, lengths: list[int] | None, eos_id: int) -> Iterator[None]:
-    """Within the block, `model.generate` ends row i at lengths[i] tokens at the latest (nothing when None)."""
-    if lengths is None:
-        yield
-        return
+def ending_at(model: Any, lengths: list[int], eos_id: int) -> Iterator[None]:
+    """Within the block, `model.generate` ends row i at lengths[i] tokens at the latest."""
     plain, own = model.generate, model.__dict__.get("generate")
 
     def generate(*args: Any, **kwargs: Any) -> Any:

@@ -253,6 +253,8 @@ class Rollouts:
             return default
 
         def fallback(lengths, *args):
+            if lengths is None:
+                return default(*args)
             model = self.trainer.accelerator.unwrap_model(self.trainer.model_wrapped)
             with ending_at(model, lengths, self.trainer.eos_token_ids[0]):
                 return default(*args)
