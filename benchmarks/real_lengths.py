@@ -5,8 +5,8 @@
 
 Model: builtin:qwen3-0.6b-shape (random weights, bf16) decoded as the trainer decodes it: the graph decoder on the
 fused decode copy. Random weights almost never emit EOS, so the workload forces it: each row's completion length is
-drawn by `workload.realistic_lengths` (mean ~35% of the cap, ~10% of rows at the cap, seeded, the same draw for
-every variant; a row that samples the EOS id sooner ends sooner, counted in `ended_early`). Per shape (rows x cap), each variant runs once untimed (compile, capture) and once timed:
+drawn by `grpo_tui.tasks.workload.realistic_lengths` (mean ~35% of the cap, ~10% of rows at the cap, seeded, the same
+draw for every variant; a row that samples the EOS id sooner ends sooner, counted in `ended_early`). Per shape (rows x cap), each variant runs once untimed (compile, capture) and once timed:
 
     to-cap     every row decodes to the cap (EOS ignored): the work of the all-to-the-cap rollout
     kept       the realistic lengths, finished rows kept in the batch (emitting pad) until the last row ends
@@ -28,7 +28,8 @@ from typing import Any
 
 import torch
 from generation_bench import load_prompts, sync
-from workload import realistic_lengths
+
+from grpo_tui.tasks.workload import realistic_lengths
 
 VARIANTS = ("to-cap", "kept", "compacted")
 ALLOWANCE = 1.3

@@ -85,7 +85,6 @@ def test_the_benchmark_scripts_are_all_entry_points() -> None:
         "bench_padded.py",
         "sampling_check.py",
         "step_times.py",
-        "workload.py",
     }
     scripts = {Path(s).name for s in ENTRY_POINTS}
     stray = sorted(p.name for p in (ROOT / "benchmarks").rglob("*.py") if p.name not in scripts | library)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import tomllib
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
@@ -157,3 +158,60 @@ def test_fuzz_preset_names_through_rename_delete_save(tmp_path_factory, old: str
     assert code in (0, 2), err.getvalue()
     assert code == 0 or (len(lines) >= 1 and all(len(line) <= LINE_LIMIT for line in lines)), lines
     assert all(path.parent == folder for path in folder.rglob("*.toml"))  # nothing written outside the folder
+
+
+LENGTH_VALUES = st.one_of(
+    st.text(max_size=30),
+    st.from_regex(r"(realistic|cap)(:[0-9٣\- ]{0,22})?\s?", fullmatch=True),
+)
+
+
+@settings(max_examples=200, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+@given(raw=LENGTH_VALUES)
+@example(raw="realistic:" + "9" * 30)
+@example(raw="cap\n")
+def test_fuzz_completion_lengths_variable_through_the_run_checks(raw: str) -> None:
+    from grpo_tui.config.checks import environment_errors
+    from grpo_tui.config.store import load_preset
+    from grpo_tui.tasks.workload import LENGTHS_ENV, ForcedLengths
+
+    try:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setenv(LENGTHS_ENV, raw)
+            errors = environment_errors(load_preset("tiny-cpu")[0])
+    except (ValueError, UnicodeEncodeError):  # not a value an environment can hold (a NUL, a lone surrogate)
+        return
+    accepted = raw in ("", "cap") or re.fullmatch(r"realistic(:[0-9]{1,19})?", raw, re.ASCII) is not None
+    assert errors == [] if accepted else len(errors) == 1, errors
+    for line in errors:
+        assert line.startswith(f"{LENGTHS_ENV}: got ") and len(line.splitlines()) == 1 and len(line) <= LINE_LIMIT
+        assert line.endswith("allowed: cap, realistic or realistic:SEED (SEED a whole number of up to 19 digits)")
+    if accepted and raw.startswith("realistic"):
+        forced = ForcedLengths(int(raw.partition(":")[2] or 0))
+        assert forced.draw(4, 8, 0, 0, 0) == forced.draw(4, 8, 0, 0, 0)
+
+
+@settings(max_examples=200, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+@given(raw=LENGTH_VALUES, tool=st.sampled_from(["tune", "max-batch", "bench memory"]))
+def test_fuzz_lengths_flag_of_the_tools(raw: str, tool: str) -> None:
+    """Parsed only (a trial is a training run): accepted, or argparse's one error line."""
+    from grpo_tui.tools import bench_memory, tune
+
+    parsers = {
+        "tune": tune.build_parser,
+        "max-batch": lambda: bench_memory._common_parser("grpo-tui max-batch", ""),
+        "bench memory": lambda: bench_memory._common_parser("grpo-tui bench memory", ""),
+    }
+    argv = ["tiny-cpu", f"--lengths={raw}", *(["--memory-cap", "8"] if tool == "tune" else [])]
+    err = io.StringIO()
+    try:
+        with redirect_stderr(err):
+            args = parsers[tool]().parse_args(argv)
+    except SystemExit as exc:
+        assert exc.code == 2
+        lines = [line for line in err.getvalue().splitlines() if f"grpo-tui {tool}: error:" in line]
+        assert len(lines) == 1 and "argument --lengths: got " in lines[0] and len(lines[0]) <= LINE_LIMIT, (
+            err.getvalue()
+        )
+        return
+    assert args.lengths == raw and (raw == "cap" or raw.startswith("realistic"))

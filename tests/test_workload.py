@@ -1,4 +1,5 @@
-"""The realistic-length workload benchmarks force on the decoder, and the benchmark that measures it."""
+"""Realistic completion lengths: the draw, the variable that forces it on a run's rollouts, and the benchmark that
+measures it on the decoder."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from benchmark_scripts import load_benchmark
 from hypothesis import given
 from hypothesis import strategies as st
 
-workload = load_benchmark("workload")
+from grpo_tui.tasks import workload
+from grpo_tui.tasks.workload import LENGTHS_ENV, ForcedLengths, forced_lengths_from_env, parse_lengths
 
 
 @given(rows=st.integers(1, 600), cap=st.integers(1, 4096), seed=st.integers(0, 2**32))
@@ -33,6 +35,49 @@ def test_lengths_average_about_a_third_of_the_cap_with_a_tenth_at_it(rows: int, 
 def test_empty_shapes_are_one_line_errors(rows: int, cap: int) -> None:
     with pytest.raises(ValueError, match="allowed: both at least 1"):
         workload.realistic_lengths(rows, cap)
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        ("cap", None),
+        ("realistic", ForcedLengths(0)),
+        ("realistic:0", ForcedLengths(0)),
+        ("realistic:42", ForcedLengths(42)),
+    ],
+)
+def test_the_variable_names_cap_or_a_seeded_draw(raw: str, expected: ForcedLengths | None) -> None:
+    assert parse_lengths(raw) == expected
+    assert forced_lengths_from_env({LENGTHS_ENV: raw}) == expected
+
+
+@pytest.mark.parametrize(
+    "raw", ["Realistic", "realistic:", "realistic:-1", "realistic:1.5", "realistic:\u0663", "cap\n"]
+)
+def test_a_bad_value_is_one_line_naming_the_variable(raw: str) -> None:
+    with pytest.raises(ValueError) as exc:
+        forced_lengths_from_env({LENGTHS_ENV: raw})
+    line = str(exc.value)
+    assert line.startswith(f"{LENGTHS_ENV}: got ") and "allowed: cap, realistic or realistic:SEED" in line
+    assert len(line.splitlines()) == 1
+
+
+def test_unset_or_empty_forces_nothing() -> None:
+    assert forced_lengths_from_env({}) is None and forced_lengths_from_env({LENGTHS_ENV: ""}) is None
+
+
+def test_each_slice_draws_its_own_lengths_and_a_seed_draws_them_again() -> None:
+    draw = ForcedLengths(7).draw
+    first = draw(64, 512, step=3, rank=1, part=0)
+    assert first == ForcedLengths(7).draw(64, 512, step=3, rank=1, part=0)
+    others = [
+        draw(64, 512, 4, 1, 0),
+        draw(64, 512, 3, 0, 0),
+        draw(64, 512, 3, 1, 1),
+        ForcedLengths(8).draw(64, 512, 3, 1, 0),
+    ]
+    assert all(other != first for other in others)
+    assert all(1 <= n <= 512 for n in first) and first.count(512) >= round(workload.AT_CAP * 64)
 
 
 def test_benchmark_smoke_on_cpu(tiny_model_path: Path, tmp_path: Path) -> None:

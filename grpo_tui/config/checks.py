@@ -25,6 +25,7 @@ from grpo_tui.tasks.reward_trial import reward_trial_problem, sample_prompt
 from grpo_tui.tasks.rewards import REWARDS, RewardError, resolve_reward, signature_problem
 from grpo_tui.tasks.shapes import QWEN3_SHAPES
 from grpo_tui.tasks.tiny import BUILTIN_MODEL
+from grpo_tui.tasks.workload import forced_lengths_from_env
 
 # Models and tasks built in code (grpo_tui's training side); `builtin:<name>` must name one.
 BUILTIN_MODELS: tuple[str, ...] = (BUILTIN_MODEL.removeprefix("builtin:"), *QWEN3_SHAPES)
@@ -63,11 +64,16 @@ def check_preset(preset: Preset, environment: bool = True, visible_gpus: int | N
 
 
 def environment_errors(preset: Preset, visible_gpus: int | None = None) -> list[str]:
-    """The errors only this machine causes (too few GPUs, a hub model it cannot get): `check_preset`'s difference between
-    `environment=True` and `False`, for a caller that shows both without running every check twice."""
+    """The errors only this machine causes (too few GPUs, a hub model it cannot get, a bad forced-lengths variable):
+    `check_preset`'s difference between `environment=True` and `False`, for a caller that shows both without running
+    every check twice."""
     name = preset.model.name_or_path
     hub = hub_model_problem(name, not name.startswith("builtin:") and bool(HUB_ID_RE.match(name)))
     errors = [hub] if hub else []
+    try:
+        forced_lengths_from_env()
+    except ValueError as exc:
+        errors.append(str(exc))
     d = preset.distributed
     if d.use_cpu:
         return errors

@@ -2,7 +2,9 @@
 
 Each trial is a fresh `grpo-tui run PRESET --headless` subprocess (so allocator state never leaks
 between trials) with `--set` overrides for the batch and the loss implementation; the numbers come
-from the run's own metrics stream (per-phase peaks, step time) and its `oom` event.
+from the run's own metrics stream (per-phase peaks, step time) and its `oom` event. With `--lengths realistic`
+each trial's completions end at realistic lengths ($GRPO_TUI_COMPLETION_LENGTHS, `tasks.workload`) instead of
+running to `grpo.max_completion_length`, as an untrained model's do.
 """
 
 from __future__ import annotations
@@ -20,9 +22,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from grpo_tui.config.cli_args import add_set_option
+from grpo_tui.config.cli_args import add_lengths_option, add_set_option
 from grpo_tui.config.schema import LOSS_IMPLS
 from grpo_tui.runs.metrics import PHASES, read_records, step_records
+from grpo_tui.tasks.workload import LENGTHS_ENV
 from grpo_tui.train.phase_memory import MEMORY_CAP_ENV
 
 MIB_PER_GIB = 1024.0
@@ -103,8 +106,10 @@ def run_trial(
     extra_sets: list[str],
     memory_cap_gib: float | None = None,
     timeout_s: float = 1800.0,
+    lengths: str = "cap",
 ) -> TrialRun:
-    """Run PRESET for `steps` steps at per-device batch `batch` with loss.impl `impl`, in a fresh process."""
+    """Run PRESET for `steps` steps at per-device batch `batch` with loss.impl `impl`, in a fresh process, its
+    completion lengths forced as `lengths` says (`tasks.workload`)."""
     argv = [
         sys.executable,
         "-m",
@@ -120,7 +125,7 @@ def run_trial(
     for item in [*extra_sets, f"loss.impl={impl}", f"grpo.per_device_batch_size={batch}", f"grpo.max_steps={steps}"]:
         argv += ["--set", item]
     argv += ["--set", "logging.save_steps=0"]
-    env = dict(os.environ)
+    env = {**os.environ, LENGTHS_ENV: lengths}  # set even for `cap`: the flag wins over the caller's environment
     if memory_cap_gib is not None:
         env[MEMORY_CAP_ENV] = str(memory_cap_gib)
     before = {p.name for p in runs_dir.iterdir()} if runs_dir.exists() else set()
@@ -165,14 +170,20 @@ def _environment() -> dict[str, Any]:
     return info
 
 
-def _table(trials: list[Trial]) -> str:
+def _table(trials: list[Trial], lengths: str) -> str:
     head = "| impl | batch | peak GiB | " + " | ".join(f"{p} GiB" for p in PHASES) + " | step s | status |"
     rows = [head, "|" + "---|" * (len(PHASES) + 5)]
     for t in trials:
         cells = [t.impl, str(t.batch), _fmt(t.peak_gib)] + [_fmt(t.phases_gib.get(p)) for p in PHASES]
         cells += [_fmt(t.step_s), "ok" if t.ok else f"OOM in {t.oom_phase}" if t.oom_phase else "failed"]
         rows.append("| " + " | ".join(cells) + " |")
-    return "\n".join(rows)
+    return "\n".join([*rows, "", lengths_line(lengths)])
+
+
+def lengths_line(lengths: str) -> str:
+    """What the trials' completion lengths were, under a results table."""
+    how = "each to its own EOS or the cap" if lengths == "cap" else "forced to seeded realistic lengths"
+    return f"completion lengths: {lengths} ({how})"
 
 
 def _fmt(value: float | None) -> str:
@@ -220,6 +231,7 @@ def _common_parser(prog: str, description: str) -> argparse.ArgumentParser:
     parser.add_argument("--steps", type=int, default=2, help="steps per trial (default 2)")
     parser.add_argument("--out", type=Path, default=Path("bench-results"), help="folder for JSON/markdown/PNG")
     parser.add_argument("--runs-dir", type=Path, default=None, help="where trial runs go (default OUT/runs)")
+    add_lengths_option(parser)
     return parser
 
 
@@ -241,7 +253,15 @@ def main(argv: list[str] | None = None) -> int:
     trials: list[Trial] = []
     for batch in args.batch:
         for impl in args.impl:
-            trial = run_trial(args.preset, impl, batch, steps=args.steps, runs_dir=runs_dir, extra_sets=args.sets).trial
+            trial = run_trial(
+                args.preset,
+                impl,
+                batch,
+                steps=args.steps,
+                runs_dir=runs_dir,
+                extra_sets=args.sets,
+                lengths=args.lengths,
+            ).trial
             trials.append(trial)
             print(
                 f"{impl:8s} batch {batch:4d}: peak {_fmt(trial.peak_gib)} GiB, step {_fmt(trial.step_s)} s"
@@ -249,9 +269,10 @@ def main(argv: list[str] | None = None) -> int:
                 flush=True,
             )
             # Written after every trial: a long sweep cut short still leaves its results.
-            payload = {"command": command, "environment": environment, "records": [asdict(t) for t in trials]}
-            _write(args.out, "e2e", payload, _table(trials))
-    table = _table(trials)
+            payload = {"command": command, "environment": environment, "lengths": args.lengths}
+            payload["records"] = [asdict(t) for t in trials]
+            _write(args.out, "e2e", payload, _table(trials, args.lengths))
+    table = _table(trials, args.lengths)
     plot_memory(trials, args.out / "e2e-memory.png", f"{args.preset}: peak memory vs batch")
     print(table)
     return 0 if any(t.ok for t in trials) else 1
@@ -331,6 +352,7 @@ def max_batch_main(argv: list[str] | None = None) -> int:
                 runs_dir=runs_dir,
                 extra_sets=args.sets,
                 memory_cap_gib=args.memory_cap,
+                lengths=args.lengths,
             ).trial
             trials.append(trial)
             print(
@@ -345,9 +367,10 @@ def max_batch_main(argv: list[str] | None = None) -> int:
             {"impl": impl, "max_batch": best, "memory_cap_gib": args.memory_cap, "trials": [asdict(t) for t in trials]}
         )
     command = "grpo-tui max-batch " + shlex.join(argv if argv is not None else sys.argv[1:])
-    payload = {"command": command, "environment": _environment(), "results": results}
+    payload = {"command": command, "environment": _environment(), "lengths": args.lengths, "results": results}
     lines = ["| impl | max per-device batch | memory cap GiB |", "|---|---|---|"]
     lines += [f"| {r['impl']} | {r['max_batch']} | {r['memory_cap_gib'] or 'none'} |" for r in results]
+    lines += ["", lengths_line(args.lengths)]
     _write(args.out, "max-batch", payload, "\n".join(lines))
     print("\n".join(lines))
     return 0 if any(r["max_batch"] > 0 for r in results) else 1

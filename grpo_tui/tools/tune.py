@@ -11,6 +11,8 @@ with completions per step = per_device_batch_size x gradient_accumulation_steps 
 single step the record's `step_time` stands in for the wall time. A trial fits when it finished
 without an OOM and its peak is under the cap: on CUDA the allocator also enforces the cap
 ($GRPO_TUI_MEMORY_CAP_GIB); on the CPU nothing enforces it, so the peak RSS is compared with the cap.
+With `--lengths realistic` the trials' completions end at realistic lengths (`tasks.workload`) instead of all
+running to the cap, as an untrained model's do: the batch that wins is the one a real run can afford.
 The winner is saved as the user preset `<preset>-tuned-<cap>g`.
 """
 
@@ -24,7 +26,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from grpo_tui.config.cli_args import add_set_option
+from grpo_tui.config.cli_args import add_lengths_option, add_set_option
 from grpo_tui.config.overrides import apply_overrides
 from grpo_tui.config.schema import Preset
 from grpo_tui.tools.tune_search import (
@@ -77,9 +79,9 @@ def measure_steps(steps: list[dict[str, Any]], completions_per_step: int) -> tup
 
 
 def real_runner(
-    preset_arg: str, preset: Preset, sets: list[str], cap_gib: float, steps: int, runs_dir: Path
+    preset_arg: str, preset: Preset, sets: list[str], cap_gib: float, steps: int, runs_dir: Path, lengths: str = "cap"
 ) -> TrialRunner:
-    """A TrialRunner running `grpo-tui run PRESET --headless` under the memory cap."""
+    """A TrialRunner running `grpo-tui run PRESET --headless` under the memory cap, at `lengths` (`--lengths`)."""
     from grpo_tui.tools.bench_memory import run_trial
 
     processes = preset.distributed.num_processes * preset.distributed.num_machines
@@ -97,6 +99,7 @@ def real_runner(
             extra_sets=extra,
             memory_cap_gib=cap_gib,
             timeout_s=max(60.0, left_s),  # a trial may overrun the budget by a minute at most
+            lengths=lengths,
         )
         step_s, rate = measure_steps(steps_seen, batch * accum * processes)
         reason = got.reason or (f"OOM in {got.oom_phase}" if got.oom_phase else "")
@@ -173,6 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--steps", type=int, default=2, help="steps per trial; the last one is measured (default 2)")
     parser.add_argument("--limit", type=int, default=BATCH_LIMIT, help="largest per-device batch tried (default 4096)")
     parser.add_argument("--jsonl", action="store_true", help="one JSON object per trial on stdout (for the app)")
+    add_lengths_option(parser)
     return parser
 
 
@@ -227,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     preset, sets = checked
     runs_dir = args.runs_dir.resolve()
     search = TuneSearch(
-        real_runner(args.preset, preset, sets, args.memory_cap, args.steps, runs_dir),
+        real_runner(args.preset, preset, sets, args.memory_cap, args.steps, runs_dir, args.lengths),
         cap_gib=args.memory_cap,
         budget_s=args.time_budget * 60,
         batch_step=preset.grpo.num_generations,
@@ -244,6 +248,7 @@ def report(args: argparse.Namespace, preset: Preset, result: TuneResult) -> int:
     from grpo_tui.config.store import save_user_preset
 
     budget_note = " (stopped: time budget reached)" if result.out_of_budget else ""
+    lengths_note = f" (completion lengths: {args.lengths})"
     if not args.jsonl:  # the app builds its table from the trial events
         print(trials_table(result.trials, result.best))
     if result.best is None:
@@ -253,16 +258,17 @@ def report(args: argparse.Namespace, preset: Preset, result: TuneResult) -> int:
         if errors and len(errors) == len(result.trials):
             smallest = f"; every trial failed, e.g. {errors[0] or 'no step record'}"
         line = f"nothing fits under {args.memory_cap:g} GiB in {len(result.trials)} trials{smallest}{budget_note}"
-        print(json.dumps({"done": {"best": None, "message": line}}) if args.jsonl else line, flush=True)
+        done = {"best": None, "lengths": args.lengths, "message": line + lengths_note}
+        print(json.dumps({"done": done}) if args.jsonl else line + lengths_note, flush=True)
         return 1
     best = result.best
     tuned = apply_overrides(preset, as_sets(best.settings))  # `preset` already has --set applied
     path = save_user_preset(tuned, tuned_name(preset.name, args.memory_cap), overwrite=True)
     line = (
         f"best: {describe(best.settings)} at {best.tokens_per_s:.0f} tokens/s, peak {_fmt(best.peak_gib)} GiB"
-        f"{budget_note}; saved {path}"
+        f"{lengths_note}{budget_note}; saved {path}"
     )
-    done = {"best": asdict(best), "preset": str(path), "message": line}
+    done = {"best": asdict(best), "preset": str(path), "lengths": args.lengths, "message": line}
     print(json.dumps({"done": done}) if args.jsonl else line, flush=True)
     return 0
 

@@ -46,7 +46,9 @@ class DecodeState:
     step: torch.Tensor  # [1] the column of `out` the next token goes to
     logps: torch.Tensor  # [R, L] fp32 log-prob of each chosen token under the decode weights (0 after a row ends)
     seen: torch.Tensor | None = None  # [R, V + 1] `seen_tokens` of prompt and output, for the repetition penalty
-    stop_after: torch.Tensor | None = None  # [R] benchmarks' workloads: the row emits EOS as this token at the latest
+    stop_after: torch.Tensor | None = (
+        None  # [R] forced lengths (tasks.workload): the row emits EOS as this token at the latest
+    )
     fused: FusedModel | None = None  # the decode copy's fused view: decode with `decode_model.forward`
 
     @property

@@ -135,8 +135,8 @@ class StaticDecoder:
         lengths: list[int] | None = None,
     ) -> Completions:
         """Completion ids per prompt, each cut after its first EOS (TRL's `_generate_single_turn` contract), with
-        their tokens' log-probs. `lengths` (benchmarks' workloads): row i emits EOS as its lengths[i]-th token
-        at the latest.
+        their tokens' log-probs. `lengths` (forced completion lengths, `tasks.workload`): row i emits EOS as its
+        lengths[i]-th token at the latest.
         If a rollout fails on grpo_kernels' decode kernel (e.g. a GPU it does not compile for), it runs again on
         sdpa, which later rollouts keep, after a one-line reason to `on_kernel_failure`; out of memory is raised."""
         while True:

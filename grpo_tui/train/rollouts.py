@@ -1,6 +1,7 @@
 """The trainer's rollout backend: which `grpo.generation_backend` runs, why a requested one cannot, the hook
-that puts the graph decoder (`generation.StaticDecoder`) in place of TRL's `_generate_single_turn`, and the
-decode copy it reads under FSDP2 and LoRA (`decode_copy`)."""
+that puts the graph decoder (`generation.StaticDecoder`) in place of TRL's `_generate_single_turn`, the
+decode copy it reads under FSDP2 and LoRA (`decode_copy`), and the completion lengths $GRPO_TUI_COMPLETION_LENGTHS
+forces (`tasks.workload`; on the graph, generate and static backends)."""
 
 from __future__ import annotations
 
@@ -12,8 +13,10 @@ import torch
 from grpo_tui.config.schema import GENERATION_BACKENDS
 from grpo_tui.losses.base import loss_mask, peft_base
 from grpo_tui.runs.failures import labelled_failure
+from grpo_tui.tasks.workload import ForcedLengths, forced_lengths_from_env
 from grpo_tui.train.decode_copy import DecodeCopy, DecodeCopyError, merge_blockers
 from grpo_tui.train.decode_model import fused_blockers
+from grpo_tui.train.forced_lengths import ending_at
 from grpo_tui.train.generation import Sampling, StaticDecoder
 from grpo_tui.train.phase_memory import MIB
 
@@ -109,6 +112,10 @@ class Rollouts:
         decode_copy: str = "keep",
     ) -> None:
         self.trainer = trainer
+        # Lengths each rollout slice's rows end at (None: their own EOS or the cap); read here so that a bad
+        # value stops the run before its first step
+        self.forced: ForcedLengths | None = forced_lengths_from_env()
+        self._draw_step, self._draws = -1, 0  # the step whose slices were drawn last, and how many
         blockers = graph_blockers(trainer, decode_copy)
         self.backend, reason = choose_backend(requested, trainer.accelerator.device.type, blockers)
         self._on_event = on_event
@@ -225,20 +232,43 @@ class Rollouts:
         self._clear_stats()
         return stats
 
+    def forced_lengths(self, rows: int) -> list[int] | None:
+        """The lengths the next slice of `rows` rows ends at (None when none are forced, or without a
+        max_completion_length to draw them under): drawn from the step, this process's rank and the slice's
+        number within the step, so a run with the same seed draws alike."""
+        if self.forced is None or not self.trainer.max_completion_length:
+            return None
+        step = self.trainer.state.global_step
+        if step != self._draw_step:
+            self._draw_step, self._draws = step, 0
+        rank = self.trainer.accelerator.process_index
+        self._draws += 1
+        return self.forced.draw(rows, self.trainer.max_completion_length, step, rank, self._draws - 1)
+
     def single_turn(self, default: Callable[..., Any]) -> Callable[..., Any]:
         """`default` itself, or a function with its signature that decodes text prompts with the graph (and falls
-        back to `default` for good if the decode copy cannot be had)."""
-        if self.decoder is None:
+        back to `default` for good if the decode copy cannot be had), ending rows at the forced lengths if any.
+        vLLM and continuous batching do not call `generate`: forced lengths leave them alone."""
+        if self.decoder is None and self.forced is None:
             return default
 
+        def fallback(lengths, *args):
+            if lengths is None:
+                return default(*args)
+            model = self.trainer.accelerator.unwrap_model(self.trainer.model_wrapped)
+            with ending_at(model, lengths, self.trainer.eos_token_ids[0]):
+                return default(*args)
+
         def turn(prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+            lengths = self.forced_lengths(len(prompt_ids))
+            args = (prompt_ids, images, multimodal_fields, num_generations, has_tool_images)
             if self.decoder is None or images is not None or multimodal_fields:
-                return default(prompt_ids, images, multimodal_fields, num_generations, has_tool_images)
+                return fallback(lengths, *args)
             try:
-                completions = self.generate(prompt_ids)
+                completions = self.generate(prompt_ids, lengths)
             except DecodeCopyUnavailable as exc:
                 self._copy_failed(str(exc))
-                return default(prompt_ids, images, multimodal_fields, num_generations, has_tool_images)
+                return fallback(lengths, *args)
             return completions.ids, completions.logprobs
 
         return turn
@@ -278,10 +308,10 @@ class Rollouts:
         with torch.no_grad():
             t.model_wrapped(input_ids=ids)
 
-    def generate(self, prompt_ids: list[list[int]]) -> Any:
+    def generate(self, prompt_ids: list[list[int]], lengths: list[int] | None = None) -> Any:
         t = self.trainer
         model = self.decode_model() if self.copy is not None else None
-        args = (t.max_completion_length, t.eos_token_ids, t._tokenizer.pad_token_id, Sampling.of_trainer(t))
+        args = (t.max_completion_length, t.eos_token_ids, t._tokenizer.pad_token_id, Sampling.of_trainer(t), lengths)
         if model is not None:
             with torch.no_grad():
                 return self.decoder.generate(model, prompt_ids, *args)
