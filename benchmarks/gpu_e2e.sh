@@ -3,7 +3,7 @@
 #
 # Run from the repository root on a CUDA machine that has torch, triton, transformers, accelerate and
 # peft (the device image), with the missing packages as wheels in .whl/ and GSM8K in .devdata/:
-#   bash benchmarks/gpu_e2e.sh PHASE...     PHASE: tests kernel generation memory memory2 concurrent rollout dashboard profile steps decode fsdp
+#   bash benchmarks/gpu_e2e.sh PHASE...     PHASE: tests kernel generation memory memory2 concurrent rollout dashboard profile steps decode fsdp reallengths
 # Results land in $OUT (default ./gpu-out): one folder per phase plus a log; a table is printed last.
 set -uo pipefail
 if [ $# -eq 0 ] || [ "$1" = "-h" ] || [ "$1" = "--help" ]; then
@@ -197,7 +197,27 @@ for phase in "$@"; do
       timeout ${FSDP_TIMEOUT:-560} python3 benchmarks/fsdp_rollouts.py --data "$GSM8K" --out "$OUT/fsdp" \
         ${FSDP_ARGS:-} 2>&1 | tail -12
       ;;
-    *) echo "unknown phase $phase; allowed: tests kernel generation memory memory2 concurrent rollout dashboard profile steps decode fsdp" >&2; exit 2 ;;
+    reallengths)
+      # Realistic completion lengths: the rollout alone (to the cap, finished rows kept, compacted), whole steps
+      # (ours, TRL's head on our rollouts, TRL as a user has it, ours to the cap) and the max batch under 24 GiB
+      # against TRL's, at 128 x 1024. REAL_SHAPES / REAL_STEP_SHAPES narrow them.
+      build_model || exit 1
+      timeout ${REAL_DECODE_TIMEOUT:-150} python3 benchmarks/real_lengths.py --data "$GSM8K" \
+        --shapes ${REAL_SHAPES:-128x1024,64x2048} --out "$OUT/real" > "$OUT/real-lengths.log" 2>&1
+      tail -6 "$OUT/real-lengths.log"
+      timeout ${REAL_STEP_TIMEOUT:-560} python3 benchmarks/real_length_steps.py --data "$GSM8K" --out "$OUT/real" \
+        --shapes ${REAL_STEP_SHAPES:-0.6b:128x1024} ${REAL_STEP_ARGS:-} 2>&1 | tail -14
+      for side in ours trl; do
+        if [ $side = ours ]; then sets=(--impl chunked --set grpo.generation_backend=graph); else
+          sets=(--impl trl --set grpo.generation_backend=generate --set grpo.padding_free=false); fi
+        timeout ${REAL_MAXBATCH_TIMEOUT:-240} python3 -m grpo_tui.cli max-batch qwen3-0.6b-gsm8k "${E2E_SETS[@]}" \
+          --set grpo.max_completion_length=1024 "${sets[@]}" --lengths realistic --memory-cap 24 --start 64 \
+          --multiple 16 --limit 1024 --runs-dir /tmp/runs-mb-real-$side --out "$OUT/real/maxbatch-$side" \
+          > "$OUT/real/maxbatch-$side.log" 2>&1
+        tail -2 "$OUT/real/maxbatch-$side.log"
+      done
+      ;;
+    *) echo "unknown phase $phase; allowed: tests kernel generation memory memory2 concurrent rollout dashboard profile steps decode fsdp reallengths" >&2; exit 2 ;;
   esac
 done
 echo "=== done $(date -u +%T)"

@@ -20,6 +20,7 @@ from grpo_tui.config.schema import Preset
 from grpo_tui.runs.folder import RunDir
 from grpo_tui.runs.metrics import TOKEN_PHASES, valid_share_key
 from grpo_tui.train import assemble, loss_phase
+from grpo_tui.train import length_groups as length_groups_module
 from grpo_tui.train.length_groups import (
     TokenCounts,
     chunk_groups,
@@ -28,6 +29,13 @@ from grpo_tui.train.length_groups import (
     length_groups,
     share_fields,
 )
+
+
+@pytest.fixture(autouse=True)
+def _grouped_at_any_cap(monkeypatch: pytest.MonkeyPatch) -> None:
+    # tiny-cpu's completions are 4 tokens: below the cap where grouping starts, which one test checks itself
+    monkeypatch.setattr(length_groups_module, "GROUPED_MIN_CAP", 1)
+
 
 # fp32 on the CPU: a group's forward sees the same real tokens at the same positions; only the sums over
 # masked-out columns are shorter.
@@ -47,6 +55,14 @@ def test_length_groups_are_equal_sorted_runs_of_the_row_count() -> None:
     assert [g.rows for g in length_groups(lengths)] == [[4, 7, 0], [8, 2, 3], [5, 6, 1]]
     assert [g.width for g in length_groups(lengths)] == [9, 5, 2]
     assert [len(g.rows) for g in length_groups(lengths, 2)] == [2, 2, 2, 2, 1]  # a sub-batch bound below it
+
+
+def test_below_the_grouped_cap_only_the_row_bound_splits(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(length_groups_module, "GROUPED_MIN_CAP", 64)
+    lengths = [7, 1, 3, 3, 9, 2, 2, 8, 5]
+    assert length_groups(lengths, None, 63) == [length_groups_module.RowGroup([4, 7, 0, 8, 2, 3, 5, 6, 1], 9)]
+    assert [len(g.rows) for g in length_groups(lengths, 4, 63)] == [4, 4, 1]
+    assert length_groups(lengths, None, 64) == length_groups(lengths)  # from the cap on: four groups
 
 
 def test_chunk_groups_keep_the_forward_count_and_size() -> None:
@@ -203,11 +219,13 @@ from transformers import AutoModelForCausalLM
 from grpo_kernels import fused_linear_grpo_loss
 from grpo_tui.losses.chunked import add_hidden_states_forward, full_head_params, lm_head_of
 from grpo_tui.train import loss_phase
+from grpo_tui.train import length_groups
 from grpo_tui.train.length_groups import TokenCounts
 
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
 path, out = sys.argv[1], sys.argv[2]
+length_groups.GROUPED_MIN_CAP = 1  # the completions here are 10 tokens
 
 class Accelerator:
     num_processes, sync_gradients, device = world, True, torch.device("cpu")
@@ -231,7 +249,7 @@ class Loss:  # what TRL's compute_loss is to the mixin: one micro-batch's GRPO l
         return loss
 
 class Probe(loss_phase.LossPhaseMixin, Loss):
-    loss_type, importance_sampling_level, top_entropy_quantile = "grpo", "token", 1.0
+    loss_type, importance_sampling_level, top_entropy_quantile, max_completion_length = "grpo", "token", 1.0, 10
     _entropy_bonus_enabled = aux_loss_enabled = False
     def __init__(self, padding_free):
         self.padding_free, self.token_counts, self.accelerator = padding_free, TokenCounts(), Accelerator()

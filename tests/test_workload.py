@@ -97,3 +97,39 @@ def test_benchmark_refuses_bad_shapes(shapes: str, tmp_path: Path, capsys: pytes
         load_benchmark("real_lengths").main(["--tiny", "--shapes", shapes, "--out", str(tmp_path)])
     assert exc.value.code == 2
     assert "allowed: ROWSxCAP pairs" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_whole_step_benchmark_smoke_on_cpu(tiny_model_path: Path, tmp_path: Path) -> None:
+    bench = load_benchmark("real_length_steps")
+    assert (
+        bench.main(["--tiny", "--specs", "trl-head-graph,ours,ours-to-cap", "--steps", "2", "--out", str(tmp_path)])
+        == 0
+    )
+    result = json.loads((tmp_path / "real-length-steps.json").read_text())
+    rows = {r["spec"]: r for r in result["rows"]}
+    assert set(rows) == {"trl-head-graph", "ours", "ours-to-cap"} and "--tiny" in result["command"]
+    for row in rows.values():
+        assert row["steps"] == [2] and row["step_s"] > 0 and row["batch"] == 8 and row["cap"] == 4
+        assert 0 < row["valid_share"]["loss"] <= 1
+    # The realistic draw really shortens the completions against the run to the cap
+    assert rows["ours"]["mean_length"] < rows["ours-to-cap"]["mean_length"]
+    targets = result["targets"]["tiny 8x4"]
+    assert 0 < targets["valid_share"] < 1 and targets["step_vs_trl_user"] is None  # trl-user did not run
+    assert targets["step_vs_trl_head"] == pytest.approx(
+        rows["ours"]["step_s"] / rows["trl-head-graph"]["step_s"], abs=1e-3
+    )
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "allowed"),
+    [("--shapes", "0.6b:128", "MODEL:ROWSxCAP"), ("--shapes", "7b:8x4", "MODEL:ROWSxCAP"), ("--specs", "mine", "ours")],
+)
+def test_whole_step_benchmark_refuses_bad_input(
+    flag: str, value: str, allowed: str, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        load_benchmark("real_length_steps").main([flag, value, "--out", str(tmp_path)])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert allowed in err[-1] and err[-1].startswith("pytest: error: ")  # usage, then one line

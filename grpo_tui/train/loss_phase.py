@@ -198,7 +198,7 @@ class LossPhaseMixin:
         lengths = completion_lengths(inputs["completion_mask"])
         if slicing_problems(self):
             return [RowGroup(list(range(batch)), max(1, max(lengths, default=1)))]
-        return length_groups(lengths, self.loss_sub_batch)
+        return length_groups(lengths, self.loss_sub_batch, self.max_completion_length)
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         if not torch.is_grad_enabled():

@@ -177,9 +177,10 @@ class GrpoTuiTrainer(LossPhaseMixin, GRPOTrainer):
 
     def _score_grouped(self, model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy):
         """Scoring with rows grouped by completion length, each group cut after its longest completion
-        (grpo.padding_free): GROUPS forwards or more, none over `batch_size` rows; cut columns come back 0."""
+        (grpo.padding_free; `length_groups` picks the groups, none over `batch_size` rows); cut columns come back 0."""
         rows, prompt_width = input_ids.size(0), input_ids.size(1) - logits_to_keep
-        groups = length_groups(completion_lengths(attention_mask[:, prompt_width:]), batch_size or rows)
+        lengths = completion_lengths(attention_mask[:, prompt_width:])
+        groups = length_groups(lengths, batch_size or rows, self.max_completion_length)
         logps = entropies = None
         for group in groups:
             index = torch.tensor(group.rows, device=input_ids.device)

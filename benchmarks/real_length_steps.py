@@ -1,0 +1,243 @@
+"""Whole training steps at realistic completion lengths: ours against TRL, per shape, and what padding costs.
+
+    python benchmarks/real_length_steps.py --data GSM8K.jsonl --out DIR [--shapes 0.6b:128x1024,...] [--specs ...]
+    python benchmarks/real_length_steps.py --tiny --out DIR          # CPU smoke run (tests)
+
+Each (shape, spec) is a fresh headless run of `--steps` steps (default 3; its row is the mean of steps 2 on: step 1
+compiles) with $GRPO_TUI_COMPLETION_LENGTHS=realistic (grpo_tui/tasks/workload.py: each row's completion ends at a
+seeded drawn length, mean ~35% of the cap, ~10% of rows at it; the same draw for every spec), except `ours-to-cap`,
+whose completions run to the cap (random weights never emit EOS): the no-padding reference. Specs:
+
+    trl-user        TRL 1.16 as a user has it: TRL's head, transformers' generate, padded scoring and loss
+    trl-head-graph  TRL's head on our graph rollouts, padded: what is left is the padding work alone
+    ours            our head on our graph rollouts, scoring and loss without padding (grpo.padding_free)
+    ours-to-cap     ours with every completion at the cap
+
+Targets, per shape (the `targets` of the result; None where a run is missing):
+    step_vs_trl_head   ours step / trl-head-graph step          <= 0.5
+    step_vs_trl_user   ours step / trl-user step                 <= 0.15
+    train_allowance    ours (scoring + loss) / (1.3 x valid share x ours-to-cap (scoring + loss)) <= 1
+    decode_allowance   ours generation / (1.3 x valid share x ours-to-cap generation)           <= 1 (no prefill
+                       credit here: benchmarks/real_lengths.py times the rollout alone, prefill apart)
+with valid share = generated tokens of `ours` / those of `ours-to-cap`. Writes DIR/real-length-steps.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from step_times import mean_step, peak_mib, pick_steps
+
+from grpo_tui.runs.metrics import (
+    GENERATION_BACKEND_KEY,
+    GENERATION_TOKENS_KEY,
+    STEP_TIME_KEY,
+    TOKEN_PHASES,
+    phase_time_key,
+    read_records,
+    step_records,
+    valid_share_key,
+)
+from grpo_tui.tasks.workload import LENGTHS_ENV
+
+# shape -> (preset, model); a shape's rows x cap come with it on the command line (0.6b:128x1024)
+MODELS = {
+    "0.6b": ("qwen3-0.6b-gsm8k", "builtin:qwen3-0.6b-shape"),
+    "1.7b-lora": ("qwen3-1.7b-gsm8k-fsdp-lora", "builtin:qwen3-1.7b-shape"),
+    "tiny": ("tiny-cpu", "builtin:tiny-qwen3"),
+}
+# spec -> (loss.impl, generation backend, padding_free, realistic lengths)
+SPECS: dict[str, tuple[str, str, bool, bool]] = {
+    "trl-user": ("trl", "generate", False, True),
+    "trl-head-graph": ("trl", "graph", False, True),
+    "ours": ("chunked", "graph", True, True),
+    "ours-to-cap": ("chunked", "graph", True, False),
+}
+DEFAULT_SHAPES = "0.6b:128x1024,0.6b:64x2048,1.7b-lora:32x1024"
+ALLOWANCE = 1.3
+
+
+def parse_shapes(text: str) -> list[tuple[str, int, int]]:
+    shapes = []
+    for item in text.split(","):
+        model, _, size = item.strip().partition(":")
+        rows, _, cap = size.partition("x")
+        if model not in MODELS or not (rows.isdecimal() and cap.isdecimal() and int(rows) > 0 and int(cap) > 0):
+            allowed = ", ".join(MODELS)
+            raise ValueError(f"--shapes: got {item!r}; allowed: MODEL:ROWSxCAP with MODEL one of {allowed}")
+        shapes.append((model, int(rows), int(cap)))
+    return shapes
+
+
+def run_sets(model: str, data: str, rows: int, cap: int, steps: int, spec: str, device: str) -> list[str]:
+    impl, backend, padding_free, _ = SPECS[spec]
+    sets = [
+        f"model.name_or_path={model}",
+        "distributed.num_processes=1",
+        f"grpo.per_device_batch_size={rows}",
+        "grpo.gradient_accumulation_steps=1",
+        f"grpo.max_completion_length={cap}",
+        f"grpo.max_steps={steps}",
+        f"loss.impl={impl}",
+        f"grpo.generation_backend={backend}",
+        f"grpo.padding_free={'true' if padding_free else 'false'}",
+        "logging.save_steps=0",
+        "logging.completions_per_step=0",
+    ]
+    if data:
+        sets.append(f"data.source={data}")
+    if device == "cpu":  # the smoke run: no graph decoder, a few rows
+        sets += ["grpo.generation_backend=generate", "grpo.num_generations=4", "eval.at_end=false"]
+    return sets
+
+
+def run_row(shape: tuple[str, int, int], spec: str, sets: list[str], out: Path, timeout: int) -> dict[str, Any]:
+    """One fresh headless run and its row (the mean of steps 2 on)."""
+    model, rows, cap = shape
+    preset = MODELS[model][0]
+    label = f"{model} {rows}x{cap} {spec}"
+    runs = out / "runs" / f"{model}-{rows}x{cap}-{spec}"
+    argv = [sys.executable, "-m", "grpo_tui.cli", "run", preset, "--headless", "--runs-dir", str(runs)]
+    for item in sets:
+        argv += ["--set", item]
+    env = {**os.environ, LENGTHS_ENV: "realistic" if SPECS[spec][3] else "cap"}
+    start = time.perf_counter()
+    log = out / f"{model}-{rows}x{cap}-{spec}.log"
+    with log.open("w") as handle:
+        try:
+            code = subprocess.run(argv, stdout=handle, stderr=subprocess.STDOUT, env=env, timeout=timeout).returncode
+        except subprocess.TimeoutExpired:
+            code = None
+    impl, backend, _, _ = SPECS[spec]
+    row: dict[str, Any] = {"label": label, "spec": spec, "impl": impl, "backend": backend, "batch": rows, "cap": cap}
+    row.update(exit=code, wall_s=round(time.perf_counter() - start, 1))
+    metrics = sorted(runs.glob("*/metrics.jsonl"))
+    records = read_records(metrics[-1]) if metrics else []
+    steps = pick_steps(step_records(records), set())
+    if not steps:
+        errors = [r.get("message") for r in records if r.get("event") in ("error", "oom")]
+        row["error"] = (errors or ["timed out" if code is None else "no step record"])[-1]
+        return row
+    merged = mean_step(steps)
+    peak = peak_mib(merged["memory"])
+
+    def mean(key: str) -> float | None:
+        values = [s[key] for s in steps if isinstance(s.get(key), (int, float))]
+        return round(sum(values) / len(values), 4) if values else None
+
+    row.update(
+        backend=merged[GENERATION_BACKEND_KEY],
+        mean_length=merged["completions/mean_length"],
+        step_s=merged[STEP_TIME_KEY],
+        generation_s=merged[phase_time_key("generation")],
+        scoring_s=merged[phase_time_key("scoring")],
+        loss_s=merged[phase_time_key("loss")],
+        peak_gib=round(peak / 1024, 2) if peak else None,
+        generated_tokens=mean(GENERATION_TOKENS_KEY),
+        valid_share={phase: mean(valid_share_key(phase)) for phase in TOKEN_PHASES},
+        steps=[s["step"] for s in steps],
+    )
+    return row
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return None if a is None or not b else round(a / b, 3)
+
+
+def targets(rows: list[dict[str, Any]]) -> dict[str, dict[str, float | None]]:
+    """The issue's ratios per shape (see the module docstring)."""
+    out: dict[str, dict[str, float | None]] = {}
+    by_shape: dict[str, dict[str, dict[str, Any]]] = {}
+    for r in rows:
+        if "error" not in r:
+            by_shape.setdefault(r["label"].rsplit(" ", 1)[0], {})[r["spec"]] = r
+    for shape, specs in by_shape.items():
+        ours, cap, user, head = (specs.get(s) or {} for s in ("ours", "ours-to-cap", "trl-user", "trl-head-graph"))
+        share = _ratio(ours.get("generated_tokens"), cap.get("generated_tokens"))
+        train = [(r.get("scoring_s") or 0.0) + (r.get("loss_s") or 0.0) for r in (ours, cap)]
+        out[shape] = {
+            "valid_share": share,
+            "step_vs_trl_head": _ratio(ours.get("step_s"), head.get("step_s")),
+            "step_vs_trl_user": _ratio(ours.get("step_s"), user.get("step_s")),
+            "train_allowance": None if share is None or not cap else _ratio(train[0], ALLOWANCE * share * train[1]),
+            "decode_allowance": None
+            if share is None or cap.get("generation_s") is None
+            else _ratio(ours.get("generation_s"), ALLOWANCE * share * cap["generation_s"]),
+        }
+    return out
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    head = f"{'label':34} {'mean len':>8} {'step s':>7} {'gen s':>7} {'score s':>7} {'loss s':>7} {'peak GiB':>8}"
+    lines = [head]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"{r['label']:34} failed (exit {r.get('exit')}): {r['error']}")
+            continue
+        cells = [r.get(k) for k in ("mean_length", "step_s", "generation_s", "scoring_s", "loss_s", "peak_gib")]
+        lines.append(f"{r['label']:34} " + " ".join(f"{'-' if c is None else c:>7}" for c in cells))
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", default="", help="GSM8K-style .jsonl (default: each preset's own data)")
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--shapes", default=DEFAULT_SHAPES, help=f"MODEL:ROWSxCAP,... (default {DEFAULT_SHAPES})")
+    parser.add_argument("--specs", default=",".join(SPECS), help=f"any of: {', '.join(SPECS)}")
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--timeout", type=int, default=300, help="seconds per run")
+    parser.add_argument("--tiny", action="store_true", help="the smoke run: tiny-cpu at 8x4 on the CPU")
+    args = parser.parse_args(argv)
+    try:
+        shapes = parse_shapes("tiny:8x4" if args.tiny else args.shapes)
+    except ValueError as exc:
+        parser.error(str(exc))
+    specs = [s.strip() for s in args.specs.split(",") if s.strip()]
+    if not specs or any(s not in SPECS for s in specs):
+        parser.error(f"--specs: got {args.specs!r}; allowed: {', '.join(SPECS)}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    data = str(Path(args.data).resolve()) if args.data else ""
+    device = "cpu" if args.tiny else "cuda"
+    result: dict[str, Any] = {
+        "what": "whole steps at realistic completion lengths: ours, TRL's head on our rollouts, TRL as a user has it",
+        "command": " ".join(
+            ["python", "benchmarks/real_length_steps.py", *(argv if argv is not None else sys.argv[1:])]
+        ),
+        "device": _device(),
+        "python": platform.python_version(),
+        "rows": [],
+    }
+    path = args.out / "real-length-steps.json"
+    for shape in shapes:
+        model = MODELS[shape[0]][1]
+        for spec in specs:
+            sets = run_sets(model, data, shape[1], shape[2], args.steps, spec, device)
+            result["rows"].append(run_row(shape, spec, sets, args.out, args.timeout))
+            print(json.dumps(result["rows"][-1]), flush=True)
+            result["targets"] = targets(result["rows"])
+            path.write_text(json.dumps(result, indent=1) + "\n")  # after every run: a stopped call keeps its rows
+    print(table(result["rows"]))
+    print(json.dumps(result["targets"], indent=1))
+    return 0 if all("error" not in r for r in result["rows"]) else 1
+
+
+def _device() -> str:
+    try:
+        import torch
+
+        return torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    except Exception:  # the table still prints
+        return "unknown"
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
