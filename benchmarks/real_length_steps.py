@@ -11,6 +11,7 @@ whose completions run to the cap (random weights never emit EOS): the no-padding
     trl-user        TRL 1.16 as a user has it: TRL's head, transformers' generate, padded scoring and loss
     trl-head-graph  TRL's head on our graph rollouts, padded: what is left is the padding work alone
     ours            our head on our graph rollouts, scoring and loss without padding (grpo.padding_free)
+    ours-compact    ours with the decoder's finished rows compacted away (grpo.finished_rows = compact)
     ours-to-cap     ours with every completion at the cap
 
 Targets, per shape (the `targets` of the result; None where a run is missing):
@@ -19,7 +20,8 @@ Targets, per shape (the `targets` of the result; None where a run is missing):
     train_allowance    ours (scoring + loss) / (1.3 x valid share x ours-to-cap (scoring + loss)) <= 1
     decode_allowance   ours generation / (1.3 x valid share x ours-to-cap generation)           <= 1 (no prefill
                        credit here: benchmarks/real_lengths.py times the rollout alone, prefill apart)
-with valid share = generated tokens of `ours` / those of `ours-to-cap`. Writes DIR/real-length-steps.json.
+with valid share = generated tokens of `ours` / those of `ours-to-cap`; `ours-compact` gets the same ratios as
+`compact_*`. Writes DIR/real-length-steps.json.
 """
 
 from __future__ import annotations
@@ -54,12 +56,13 @@ MODELS = {
     "1.7b-lora": ("qwen3-1.7b-gsm8k-fsdp-lora", "builtin:qwen3-1.7b-shape"),
     "tiny": ("tiny-cpu", "builtin:tiny-qwen3"),
 }
-# spec -> (loss.impl, generation backend, padding_free, realistic lengths)
-SPECS: dict[str, tuple[str, str, bool, bool]] = {
-    "trl-user": ("trl", "generate", False, True),
-    "trl-head-graph": ("trl", "graph", False, True),
-    "ours": ("chunked", "graph", True, True),
-    "ours-to-cap": ("chunked", "graph", True, False),
+# spec -> (loss.impl, generation backend, padding_free, realistic lengths, more --set overrides)
+SPECS: dict[str, tuple[str, str, bool, bool, tuple[str, ...]]] = {
+    "trl-user": ("trl", "generate", False, True, ()),
+    "trl-head-graph": ("trl", "graph", False, True, ()),
+    "ours": ("chunked", "graph", True, True, ()),
+    "ours-compact": ("chunked", "graph", True, True, ("grpo.finished_rows=compact",)),
+    "ours-to-cap": ("chunked", "graph", True, False, ()),
 }
 DEFAULT_SHAPES = "0.6b:128x1024,0.6b:64x2048,1.7b-lora:32x1024"
 ALLOWANCE = 1.3
@@ -78,7 +81,7 @@ def parse_shapes(text: str) -> list[tuple[str, int, int]]:
 
 
 def run_sets(model: str, data: str, rows: int, cap: int, steps: int, spec: str, device: str) -> list[str]:
-    impl, backend, padding_free, _ = SPECS[spec]
+    impl, backend, padding_free, _, extra = SPECS[spec]
     sets = [
         f"model.name_or_path={model}",
         "distributed.num_processes=1",
@@ -91,6 +94,7 @@ def run_sets(model: str, data: str, rows: int, cap: int, steps: int, spec: str, 
         f"grpo.padding_free={'true' if padding_free else 'false'}",
         "logging.save_steps=0",
         "logging.completions_per_step=0",
+        *extra,
     ]
     if data:
         sets.append(f"data.source={data}")
@@ -116,7 +120,7 @@ def run_row(shape: tuple[str, int, int], spec: str, sets: list[str], out: Path, 
             code = subprocess.run(argv, stdout=handle, stderr=subprocess.STDOUT, env=env, timeout=timeout).returncode
         except subprocess.TimeoutExpired:
             code = None
-    impl, backend, _, _ = SPECS[spec]
+    impl, backend = SPECS[spec][:2]
     row: dict[str, Any] = {"label": label, "spec": spec, "impl": impl, "backend": backend, "batch": rows, "cap": cap}
     row.update(exit=code, wall_s=round(time.perf_counter() - start, 1))
     metrics = sorted(runs.glob("*/metrics.jsonl"))
@@ -160,18 +164,27 @@ def targets(rows: list[dict[str, Any]]) -> dict[str, dict[str, float | None]]:
         if "error" not in r:
             by_shape.setdefault(r["label"].rsplit(" ", 1)[0], {})[r["spec"]] = r
     for shape, specs in by_shape.items():
-        ours, cap, user, head = (specs.get(s) or {} for s in ("ours", "ours-to-cap", "trl-user", "trl-head-graph"))
-        share = _ratio(ours.get("generated_tokens"), cap.get("generated_tokens"))
-        train = [(r.get("scoring_s") or 0.0) + (r.get("loss_s") or 0.0) for r in (ours, cap)]
-        out[shape] = {
-            "valid_share": share,
-            "step_vs_trl_head": _ratio(ours.get("step_s"), head.get("step_s")),
-            "step_vs_trl_user": _ratio(ours.get("step_s"), user.get("step_s")),
-            "train_allowance": None if share is None or not cap else _ratio(train[0], ALLOWANCE * share * train[1]),
-            "decode_allowance": None
-            if share is None or cap.get("generation_s") is None
-            else _ratio(ours.get("generation_s"), ALLOWANCE * share * cap["generation_s"]),
-        }
+        cap, user, head = (specs.get(s) or {} for s in ("ours-to-cap", "trl-user", "trl-head-graph"))
+        out[shape] = {}
+        for name, prefix in (("ours", ""), ("ours-compact", "compact_")):
+            ours = specs.get(name)
+            if ours is None:
+                continue
+            share = _ratio(ours.get("generated_tokens"), cap.get("generated_tokens"))
+            train = [(r.get("scoring_s") or 0.0) + (r.get("loss_s") or 0.0) for r in (ours, cap)]
+            out[shape].update(
+                {
+                    f"{prefix}valid_share": share,
+                    f"{prefix}step_vs_trl_head": _ratio(ours.get("step_s"), head.get("step_s")),
+                    f"{prefix}step_vs_trl_user": _ratio(ours.get("step_s"), user.get("step_s")),
+                    f"{prefix}train_allowance": None
+                    if share is None or not cap
+                    else _ratio(train[0], ALLOWANCE * share * train[1]),
+                    f"{prefix}decode_allowance": None
+                    if share is None or cap.get("generation_s") is None
+                    else _ratio(ours.get("generation_s"), ALLOWANCE * share * cap["generation_s"]),
+                }
+            )
     return out
 
 

@@ -51,6 +51,34 @@ def test_compacted_greedy_rollout_is_the_full_one(decoded: torch.nn.Module) -> N
         torch.testing.assert_close(torch.tensor(a), torch.tensor(b), rtol=1e-5, atol=1e-5)
 
 
+def test_positions_count_what_each_decode_step_computed(decoded: torch.nn.Module) -> None:
+    rows = prompts(16, decoded.config.vocab_size, seed=5)
+    lengths = [2] * 8 + [MAX_NEW] * 8
+    width = max(map(len, rows))
+    kept, compact = StaticDecoder(use_graph=False), StaticDecoder(use_graph=False, compact=True)
+    rollout(kept, decoded, rows, lengths)
+    rollout(compact, decoded, rows, lengths)
+    # The prefill's padded prompts, then one position per bucket row and decode step (the first token comes
+    # from the prefill): every row to the end when kept; 8 rows from the first compaction on.
+    assert kept.positions == 16 * width + 16 * (MAX_NEW - 1)
+    assert compact.row_counts == [16, 8]
+    assert 16 * width + 8 * (MAX_NEW - 1) < compact.positions < kept.positions
+
+
+def test_the_preset_field_turns_compaction_on(tiny_model_path: Path) -> None:
+    from test_decode_copy import fake_trainer
+
+    from grpo_tui.config.schema import Preset
+    from grpo_tui.train.options import TrainerOptions
+    from grpo_tui.train.rollouts import Rollouts
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path)
+    for mode in ("keep", "compact"):
+        options = TrainerOptions.from_preset(Preset.model_validate({"grpo": {"finished_rows": mode}}))
+        rollouts = Rollouts(fake_trainer(model), "graph", compact=options.finished_rows == "compact")
+        assert rollouts.decoder.compact is (mode == "compact")
+
+
 def test_rows_end_at_their_forced_length_or_their_own_eos(decoded: torch.nn.Module) -> None:
     rows = prompts(24, decoded.config.vocab_size, seed=2)
     lengths = [random.Random(i).randrange(1, MAX_NEW + 1) for i in range(len(rows))]

@@ -133,3 +133,29 @@ def test_whole_step_benchmark_refuses_bad_input(
     assert exc.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert allowed in err[-1] and err[-1].startswith("pytest: error: ")  # usage, then one line
+
+
+def test_whole_step_targets_are_the_issue_ratios() -> None:
+    targets = load_benchmark("real_length_steps").targets
+
+    def row(spec: str, step: float, gen: float, score: float, loss: float, tokens: float) -> dict:
+        label = f"0.6b 128x1024 {spec}"
+        return dict(
+            label=label, spec=spec, step_s=step, generation_s=gen, scoring_s=score, loss_s=loss, generated_tokens=tokens
+        )
+
+    rows = [
+        row("trl-user", 40.0, 30.0, 4.0, 6.0, 40_000),
+        row("trl-head-graph", 10.0, 2.0, 3.0, 5.0, 40_000),
+        row("ours", 4.0, 1.5, 1.0, 1.5, 40_000),
+        row("ours-compact", 3.6, 1.1, 1.0, 1.5, 40_000),
+        row("ours-to-cap", 9.0, 4.0, 2.0, 3.0, 100_000),
+        {"label": "0.6b 128x1024 ours", "spec": "ours", "error": "oom"},  # a failed run counts nowhere
+    ]
+    got = targets(rows)["0.6b 128x1024"]
+    assert got["valid_share"] == got["compact_valid_share"] == 0.4
+    assert got["step_vs_trl_head"] == 0.4 and got["step_vs_trl_user"] == 0.1 and got["compact_step_vs_trl_head"] == 0.36
+    assert got["train_allowance"] == pytest.approx(2.5 / (1.3 * 0.4 * 5.0), abs=1e-3)
+    assert got["decode_allowance"] == pytest.approx(1.5 / (1.3 * 0.4 * 4.0), abs=1e-3)
+    assert got["compact_decode_allowance"] == pytest.approx(1.1 / (1.3 * 0.4 * 4.0), abs=1e-3)
+    assert "compact_valid_share" not in targets(rows[:3] + rows[4:5])["0.6b 128x1024"]

@@ -58,6 +58,7 @@ LOSS_IMPLS: tuple[str, ...] = typing.get_args(LossImpl)
 GenerationBackend = Literal["auto", "generate", "static", "graph", "vllm"]
 GENERATION_BACKENDS: tuple[str, ...] = typing.get_args(GenerationBackend)
 DecodeCopyMode = Literal["keep", "free", "off"]
+FinishedRows = Literal["keep", "compact"]
 DECODE_COPY_MODES: tuple[str, ...] = typing.get_args(DecodeCopyMode)
 
 
@@ -197,6 +198,12 @@ class GrpoSection(_Section):
         "Qwen3, Qwen2, Llama; always under FSDP2): keep (fastest) | free (dropped after each rollout: lower peak, "
         "rebuilt each time) | off (transformers' forward on the live weights; FSDP2 falls back to generate; LoRA "
         "decodes unmerged)",
+    )
+    finished_rows: FinishedRows = Field(
+        "keep",
+        description="The graph decoder's finished rows: keep (decode padding until the last row ends) | compact "
+        "(once at most half the rows decode, move them together and decode only those; one more compile per row "
+        "count)",
     )
     scoring_sub_batch: Count | None = Field(
         None,

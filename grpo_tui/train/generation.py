@@ -115,6 +115,9 @@ class StaticDecoder:
         self.state: DecodeState | None = None
         self.captures = 0  # graphs captured so far (tests and the benchmark read it)
         self.row_counts: list[int] = []  # the last rollout's rows per stretch of decode steps (compaction shrinks them)
+        self.positions = (
+            0  # token positions the last rollout computed: the prompts' (padded) and every decode step's rows
+        )
         self._model_id: int | None = None
         self._graphs: dict[int, Any] = {}  # rows -> the graph captured on the bucket's first rows
         # (Sampling, eos ids, pad id, lengths forced) the bucket's graph samples with
@@ -179,6 +182,7 @@ class StaticDecoder:
         rows = RowMap(count, state) if self.compact and can_compact(state) else None
         view, steps = state, max_new_tokens
         self.row_counts = [state.rows]
+        self.positions = count * width
         for taken in range(1, max_new_tokens + 1):
             if taken == max_new_tokens:
                 break
@@ -195,6 +199,7 @@ class StaticDecoder:
                     view = self._view(model, smaller)
                     self.row_counts.append(smaller)
             self._step(model, view)
+            self.positions += view.rows
         if rows is None:
             out, logps = state.out[:count, :steps], state.logps[:count, :steps]
         else:

@@ -16,6 +16,7 @@ class TrainerOptions:
     generation_sub_batch: int | None = None
     generation_backend: str = "auto"
     decode_copy: str = "keep"
+    finished_rows: str = "keep"
     scoring_sub_batch: int | None = None
     loss_sub_batch: int | None = None
     activation_offload: bool = False
@@ -31,6 +32,7 @@ class TrainerOptions:
             generation_sub_batch=g.generation_sub_batch,
             generation_backend=g.generation_backend,
             decode_copy=g.decode_copy,
+            finished_rows=g.finished_rows,
             scoring_sub_batch=g.scoring_sub_batch,
             loss_sub_batch=g.loss_sub_batch,
             activation_offload=g.activation_offload,

@@ -110,6 +110,7 @@ class Rollouts:
         requested: str,
         on_event: Callable[..., None] | None = None,
         decode_copy: str = "keep",
+        compact: bool = False,
     ) -> None:
         self.trainer = trainer
         # Lengths each rollout slice's rows end at (None: their own EOS or the cap); read here so that a bad
@@ -136,6 +137,7 @@ class Rollouts:
                 on_compile_failure=self._compile_failed,
                 on_compile_start=self._compiling,
                 on_kernel_failure=self._kernel_failed,
+                compact=compact,
             )
             if wants_copy(trainer, decode_copy):
                 self.copy = DecodeCopy(decode_copy, decode_dtype(trainer))
@@ -144,6 +146,7 @@ class Rollouts:
 
     def _clear_stats(self) -> None:
         self.tokens = 0  # completion tokens generated since the last `take_stats`
+        self.decoded_positions = 0  # token positions the graph decoder computed since the last `take_positions`
         # The copy's cumulative seconds and builds when the figures were last taken
         self._copy_mark = (self.copy.seconds, self.copy.builds) if self.copy is not None else (0.0, 0)
         self._mismatch_sum, self._mismatch_count, self._mismatch_max = 0.0, 0, None
@@ -216,6 +219,11 @@ class Rollouts:
         self._mismatch_count += delta.numel()
         self._mismatch_max = worst if self._mismatch_max is None else max(self._mismatch_max, worst)
 
+    def take_positions(self) -> int:
+        """Token positions the graph decoder computed since the last call (0 where it did not decode)."""
+        positions, self.decoded_positions = self.decoded_positions, 0
+        return positions
+
     def take_stats(self) -> RolloutStats:
         copy = self.copy
         built = copy is not None and copy.builds > 0
@@ -269,6 +277,7 @@ class Rollouts:
             except DecodeCopyUnavailable as exc:
                 self._copy_failed(str(exc))
                 return fallback(lengths, *args)
+            self.decoded_positions += self.decoder.positions
             return completions.ids, completions.logprobs
 
         return turn

@@ -62,7 +62,9 @@ class GrpoTuiTrainer(LossPhaseMixin, GRPOTrainer):
         self.check_loss_impl(self.loss_impl)
         if (refusal := self.loss_phase_refusal()) is not None:
             raise LossImplError(refusal)
-        self.rollouts = Rollouts(self, options.generation_backend, on_event, options.decode_copy)
+        self.rollouts = Rollouts(
+            self, options.generation_backend, on_event, options.decode_copy, compact=options.finished_rows == "compact"
+        )
 
     # ---- the implementation switch -------------------------------------------------------------
     def check_loss_impl(self, impl: str) -> None:
@@ -104,12 +106,13 @@ class GrpoTuiTrainer(LossPhaseMixin, GRPOTrainer):
             prompt_ids, images, multimodal_fields, num_generations, has_tool_images
         )
         self.rollouts.tokens += sum(map(len, completion_ids))  # the step record's generation/tokens
-        for start, stop in self._generation_slices(prompt_ids, multimodal_fields):
-            # Decoding computes every row of a slice until its slowest is done, prompts left-padded to the longest
+        valid = sum(map(len, prompt_ids)) + sum(map(len, completion_ids))
+        computed = self.rollouts.take_positions()  # what the graph decoder counted, compaction included
+        for start, stop in self._generation_slices(prompt_ids, multimodal_fields) if not computed else []:
+            # generate computes every row of a slice until its slowest is done, prompts left-padded to the longest
             prompts, completions = prompt_ids[start:stop], completion_ids[start:stop]
-            valid = sum(map(len, prompts)) + sum(map(len, completions))
-            width = max(map(len, prompts)) + max(map(len, completions), default=0)
-            self.token_counts.add("generation", valid, width * len(prompts))
+            computed += (max(map(len, prompts)) + max(map(len, completions), default=0)) * len(prompts)
+        self.token_counts.add("generation", valid, computed)
         self.rollouts.end_rollout()
         return completion_ids, logprobs
 
