@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from step_times import mean_step, peak_mib, pick_steps
+from step_times import device_name, mean_step, peak_mib, pick_steps
 
 from grpo_tui.runs.metrics import (
     COPY_REFRESH_KEY,
@@ -235,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {
         "what": "whole steps of the FSDP + LoRA preset per rollout path; rollouts against the bandwidth bound",
         "command": [*commands, command] if commands else command,
-        "device": _device(),
+        "device": device_name(),
         "python": platform.python_version(),
         "env": {k: v for k, v in os.environ.items() if k in ("GRPO_TUI_CACHE_DIR", "HF_HUB_OFFLINE")},
     }
@@ -253,15 +253,6 @@ def main(argv: list[str] | None = None) -> int:
     rows = result["rows"]
     print(table(rows))
     return 0 if all("error" not in r for r in rows) else 1
-
-
-def _device() -> str:
-    try:
-        import torch
-
-        return torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
-    except Exception:  # the table still prints
-        return "unknown"
 
 
 if __name__ == "__main__":

@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from step_times import mean_step, peak_mib, pick_steps
+from step_times import device_name, mean_step, peak_mib, pick_steps
 
 from grpo_tui.runs.metrics import (
     GENERATION_BACKEND_KEY,
@@ -225,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
         "command": " ".join(
             ["python", "benchmarks/real_length_steps.py", *(argv if argv is not None else sys.argv[1:])]
         ),
-        "device": _device(),
+        "device": device_name(),
         "python": platform.python_version(),
         "rows": [],
     }
@@ -241,15 +241,6 @@ def main(argv: list[str] | None = None) -> int:
     print(table(result["rows"]))
     print(json.dumps(result["targets"], indent=1))
     return 0 if all("error" not in r for r in result["rows"]) else 1
-
-
-def _device() -> str:
-    try:
-        import torch
-
-        return torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
-    except Exception:  # the table still prints
-        return "unknown"
 
 
 if __name__ == "__main__":

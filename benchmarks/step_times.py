@@ -29,6 +29,16 @@ from grpo_tui.runs.metrics import (
 )
 
 
+def device_name() -> str:
+    """The CUDA device's name, "cpu" without one ("unknown" where torch cannot say): a result's `device`."""
+    try:
+        import torch
+
+        return torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    except Exception:  # the table still prints
+        return "unknown"
+
+
 def pick_steps(steps: list[dict[str, Any]], skip: set[int]) -> list[dict[str, Any]]:
     """The steps not in `skip`, leaving out step 1 when a later one is left."""
     candidates = [r for r in steps if r.get("step") not in skip]

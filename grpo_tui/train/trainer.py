@@ -221,16 +221,8 @@ class GrpoTuiTrainer(LossPhaseMixin, GRPOTrainer):
     ):
         impl = IMPLEMENTATIONS[self.loss_impl]
         if impl.name == "trl" or compute_aux_loss or any(v is not None for v in multimodal.values()):
-            out = super()._get_per_token_logps_and_entropies(
-                model,
-                input_ids,
-                attention_mask,
-                logits_to_keep,
-                batch_size,
-                compute_entropy,
-                compute_aux_loss,
-                **multimodal,
-            )
+            args = (model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, compute_aux_loss)
+            out = super()._get_per_token_logps_and_entropies(*args, **multimodal)
             self.last_train_logps = out[0] if torch.is_grad_enabled() else None  # the loss forward's, for the mismatch
             return out
         batch_size = batch_size or input_ids.size(0)
