@@ -170,6 +170,32 @@ def test_step_equals_the_padded_step(
     assert loss[0] == padded_loss[0] and loss[1] < padded_loss[1]  # same real tokens, fewer computed
 
 
+def test_the_loss_phase_holds_one_group_of_activations(tiny_model_path: Path, tmp_path: Path, monkeypatch) -> None:
+    # Bytes autograd saves in each loss forward (each starts by cutting its inputs); scoring and decoding run
+    # without autograd and save nothing. A forward's saved bytes are freed by its backward, before the next group.
+    saved: dict[bool, list[int]] = {}
+    cut = loss_phase.group_inputs
+    for padding_free in (False, True):
+        forwards = saved[padding_free] = []
+
+        def spy(inputs: dict[str, Any], rows: Any, width: int, forwards: list[int] = forwards) -> dict[str, Any]:
+            forwards.append(0)
+            return cut(inputs, rows, width)
+
+        def pack(tensor: torch.Tensor, forwards: list[int] = forwards) -> torch.Tensor:
+            base = tensor if tensor._base is None else tensor._base
+            if forwards and not (base.is_leaf and base.requires_grad):  # a parameter is kept anyway, not saved
+                forwards[-1] += tensor.numel() * tensor.element_size()
+            return tensor
+
+        monkeypatch.setattr(loss_phase, "group_inputs", spy)
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+            train(tmp_path, f"saved-{padding_free}", "chunked", padding_free=padding_free)
+    assert len(saved[False]) == 2 and len(saved[True]) == 2 * 4  # one forward per micro-batch, or four groups
+    assert max(saved[True]) < max(saved[False]) / 2  # the loss phase's activation peak
+    assert sum(saved[True]) < sum(saved[False])  # and fewer positions computed in all
+
+
 def test_a_loss_that_cannot_be_sliced_is_cut_whole(
     tiny_model_path: Path, tmp_path: Path, groups_seen: list, monkeypatch: pytest.MonkeyPatch
 ) -> None:
