@@ -3,7 +3,7 @@
 #
 # Run from the repository root on a CUDA machine that has torch, triton, transformers, accelerate and
 # peft (the device image), with the missing packages as wheels in .whl/ and GSM8K in .devdata/:
-#   bash benchmarks/gpu_e2e.sh PHASE...     PHASE: tests kernel generation memory memory2 concurrent rollout dashboard profile steps decode fsdp reallengths
+#   bash benchmarks/gpu_e2e.sh PHASE...     PHASE: tests kernel generation memory memory2 concurrent rollout dashboard profile steps decode fsdp export reallengths
 # Results land in $OUT (default ./gpu-out): one folder per phase plus a log; a table is printed last.
 set -uo pipefail
 if [ $# -eq 0 ] || [ "$1" = "-h" ] || [ "$1" = "--help" ]; then
@@ -197,6 +197,11 @@ for phase in "$@"; do
       timeout ${FSDP_TIMEOUT:-560} python3 benchmarks/fsdp_rollouts.py --data "$GSM8K" --out "$OUT/fsdp" \
         ${FSDP_ARGS:-} 2>&1 | tail -12
       ;;
+    export)
+      # Export time and size of a Qwen3-0.6B-shape LoRA run: the adapter as it is, and merged into the base.
+      mkdir -p "$OUT/export"
+      timeout ${EXPORT_TIMEOUT:-240} python3 benchmarks/export_bench.py --repeats 2 --out "$OUT/export/export.json" 2>&1 | tail -6
+      ;;
     reallengths)
       # Realistic completion lengths: the rollout alone (to the cap, finished rows kept, compacted), whole steps
       # (ours, TRL's head on our rollouts, TRL as a user has it, ours to the cap) and the max batch under 24 GiB
@@ -217,7 +222,7 @@ for phase in "$@"; do
         tail -2 "$OUT/real/maxbatch-$side.log"
       done
       ;;
-    *) echo "unknown phase $phase; allowed: tests kernel generation memory memory2 concurrent rollout dashboard profile steps decode fsdp reallengths" >&2; exit 2 ;;
+    *) echo "unknown phase $phase; allowed: tests kernel generation memory memory2 concurrent rollout dashboard profile steps decode fsdp export reallengths" >&2; exit 2 ;;
   esac
 done
 echo "=== done $(date -u +%T)"
