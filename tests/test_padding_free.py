@@ -336,3 +336,26 @@ def test_fsdp2_length_groups_give_the_padded_gradients(tiny_model_path: Path, tm
         assert len(r["groups"]) == 4 and any(width < 10 for _, width in r["groups"])  # cut on every rank
         assert r["err"] <= 1e-5
     assert results[0]["groups"] != results[1]["groups"]  # each rank grouped its own lengths
+
+
+@pytest.mark.slow
+def test_two_process_ddp_steps_equal_the_padded_ones(tiny_model_path: Path, tmp_path: Path) -> None:
+    # A 64-token cap: length groups from there on (the tiny model ends most rows far sooner), beta > 0 for a
+    # scoring phase. Each rank groups its own rows; the gathered per-sequence metrics must line up.
+    from test_distributed_cpu import _accelerate_cpu, _errors
+    from test_trainer import ABS, REL, make_run
+
+    from grpo_tui.runs.metrics import read_records, step_records
+
+    steps = {}
+    for padding_free in (False, True):
+        grpo = {"max_steps": 2, "max_completion_length": 64, "beta": 0.1, "padding_free": padding_free}
+        run = make_run(tmp_path, f"ddp-{padding_free}", grpo=grpo, distributed={"num_processes": 2})
+        proc = _accelerate_cpu(run.path)
+        assert proc.returncode == 0, _errors(proc.stderr)
+        steps[padding_free] = step_records(read_records(run.metrics))
+    for a, b in zip(steps[False], steps[True], strict=True):
+        for key in ("loss", "reward", "grad_norm", "kl"):
+            assert b[key] == pytest.approx(a[key], rel=REL, abs=ABS), (a["step"], key)
+        for phase in ("scoring", "loss"):
+            assert b[valid_share_key(phase)] > a[valid_share_key(phase)]  # the groups cut padding on both ranks
