@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from textual.widgets import Switch, TabbedContent
-from ui_support import SIZE, FakeMonitor, gpu_snapshot, mark_running, plain, wait_for
+from ui_support import SIZE, FakeMonitor, gpu_snapshot, mark_running, plain, wait_for, wait_for_exit
 
 from grpo_tui.dashboard.screens.confirm import ConfirmScreen, QuitScreen
 from grpo_tui.dashboard.screens.dashboard import DashboardScreen
@@ -280,7 +280,7 @@ async def test_escape_leaves_the_run_going_and_q_asks_about_live_runs(app_factor
         assert isinstance(app.screen, PresetScreen) and app.is_running
         await pilot.press("q")
         await pilot.press("l")  # leave it running
-        await wait_for(pilot, lambda: not app.is_running)
+        await wait_for_exit(app)
     assert not (run / "control.json").exists()
 
 
@@ -307,7 +307,7 @@ async def test_the_quit_question_goes_when_its_runs_end(app_factory, runs_dir, l
         await wait_for(pilot, lambda: plain(app.screen.query_one("#still-running")) == "Still running: live")
         assert app.is_running
         end(live_run)
-        await wait_for(pilot, lambda: not app.is_running)
+        await wait_for_exit(app)
     assert not (live_run / "control.json").exists()  # nothing was stopped
 
 
@@ -318,7 +318,7 @@ async def test_quit_can_stop_the_live_run(app_factory, live_run) -> None:
         await open_dashboard(app, pilot, run)
         await pilot.press("q")
         await pilot.press("s")
-        await wait_for(pilot, lambda: not app.is_running)
+        await wait_for_exit(app)
     assert json.loads((run / "control.json").read_text())["stop"] is True
 
 
@@ -332,7 +332,7 @@ async def test_finished_runs_refuse_toggle_and_stop(app_factory, recorded_run) -
         assert isinstance(app.screen, DashboardScreen)
         assert not (recorded_run / "control.json").exists()
         await pilot.press("q")  # nothing live: quits at once
-        await wait_for(pilot, lambda: not app.is_running)
+        await wait_for_exit(app)
 
 
 async def test_app_reattaches_to_a_running_run_on_start(app_factory, runs_dir, recorded_run) -> None:
@@ -368,4 +368,4 @@ async def test_q_does_not_ask_about_a_run_that_ended_after_its_dashboard_closed(
         meta = json.loads((live_run / "run.json").read_text())
         (live_run / "run.json").write_text(json.dumps({**meta, "status": "finished"}))  # it ended meanwhile
         await pilot.press("q")
-        await wait_for(pilot, lambda: not app.is_running)
+        await wait_for_exit(app)

@@ -6,7 +6,7 @@ import os
 
 import pytest
 from rich.console import Console
-from ui_support import SIZE, plain, wait_for
+from ui_support import SIZE, plain, wait_for, wait_for_exit
 
 from grpo_tui.dashboard.app import binding_owners
 from grpo_tui.dashboard.screens.compare import CompareScreen, OverlayChart
@@ -143,7 +143,7 @@ async def test_q_quits_at_once_without_live_runs(app_factory) -> None:
     async with app.run_test(size=SIZE) as pilot:
         await pilot.pause()
         await pilot.press("q")
-        await wait_for(pilot, lambda: not app.is_running)
+        await wait_for_exit(app)
 
 
 def test_the_ui_never_imports_torch() -> None:

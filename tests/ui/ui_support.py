@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import time
@@ -83,6 +84,16 @@ async def wait_for(pilot, predicate: Callable[[], bool], timeout: float = 10.0) 
         if time.monotonic() > deadline:
             raise AssertionError("condition not reached in time")
         await pilot.pause(0.05)
+
+
+async def wait_for_exit(app, timeout: float = 10.0) -> None:
+    """Wait until the app has quit. Polls the event loop, not the pilot: `pilot.pause` waits for the screen to
+    drain its messages, and a screen that is being torn down may never do so (it times out after 30 s)."""
+    deadline = time.monotonic() + timeout
+    while app.is_running:
+        if time.monotonic() > deadline:
+            raise AssertionError("the app did not quit in time")
+        await asyncio.sleep(0.05)
 
 
 def plain(widget) -> str:
