@@ -104,6 +104,7 @@ def test_fuzz_reward_answers_through_show(reward_module, answer) -> None:
 @given(name=st.from_regex(r"[A-Za-z0-9][\w.-]{0,20}/[\w.-]{1,20}", fullmatch=True) | st.text(max_size=40))
 @example(name="\n")
 @example(name="org/na\rme\x00")
+@example(name="~0")  # `~user` of no user: pathlib raises instead of expanding
 def test_fuzz_model_ids_through_the_hub_check(name: str) -> None:
     from grpo_tui.config.hub_check import hub_model_problem
 

@@ -304,6 +304,11 @@ def test_several_bad_sets_give_one_line_each() -> None:
             "data.source: got 'builtin:subtraction'; allowed: builtin:addition",
         ),
         ('[data]\nsource = "/nonexistent/train.jsonl"\n', "data.source: got '/nonexistent/train.jsonl'; no such file"),
+        # `~user` of no user: pathlib cannot expand it and raises; the path is judged as typed
+        (
+            '[model]\nname_or_path = "~nosuchuser9/m"\n',
+            "model.name_or_path: got '~nosuchuser9/m'; no such local folder",
+        ),
         ('[data]\nsource = "not a dataset"\n', "data.source: got 'not a dataset'; allowed:"),
         (
             '[rewards]\nfunctions = [{ name = "gsm8k_corect" }]\n',
@@ -331,6 +336,14 @@ def test_cross_field_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str], 
     path = write(tmp_path, text)
     line = one_error(capsys, ["presets", "validate", str(path)])
     assert line == f"{path}: {expected}" or line.startswith(f"{path}: {expected}")
+
+
+def test_a_tilde_path_of_no_user_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # pathlib raises for `~user` of no user; the path is judged as typed, relative to the preset's folder
+    path = write(tmp_path, '[data]\nsource = "~nosuchuser9/train.jsonl"\n')
+    line = one_error(capsys, ["presets", "validate", str(path)])
+    assert line.startswith(f"{path}: data.source: got '") and line.endswith("; no such file")
+    assert "~nosuchuser9" in line
 
 
 def test_generation_batch_counts_every_factor() -> None:

@@ -26,6 +26,7 @@ from grpo_tui.tasks.rewards import REWARDS, RewardError, resolve_reward, signatu
 from grpo_tui.tasks.shapes import QWEN3_SHAPES
 from grpo_tui.tasks.tiny import BUILTIN_MODEL
 from grpo_tui.tasks.workload import forced_lengths_from_env
+from grpo_tui.userpath import user_path
 
 # Models and tasks built in code (grpo_tui's training side); `builtin:<name>` must name one.
 BUILTIN_MODELS: tuple[str, ...] = (BUILTIN_MODEL.removeprefix("builtin:"), *QWEN3_SHAPES)
@@ -211,7 +212,7 @@ def _check_model(preset: Preset, result: CheckResult) -> None:
             known = ", ".join(f"builtin:{m}" for m in BUILTIN_MODELS)
             result.errors.append(f"model.name_or_path: got {shorten(name)}; built-in models: {known}")
         return
-    if _looks_local(name) and not _exists(Path(name).expanduser()):
+    if _looks_local(name) and not _exists(user_path(name)):
         result.errors.append(
             f"model.name_or_path: got {shorten(name)}; no such local folder (or give a hub id owner/name)"
         )
@@ -225,7 +226,7 @@ def _check_data(preset: Preset, result: CheckResult, row: Mapping[str, Any] | No
             result.errors.append(f"data.source: got {shorten(source)}; allowed: {allowed}")
             return
     else:
-        path = Path(source).expanduser()
+        path = user_path(source)
         if path.suffix in LOCAL_SUFFIXES:  # what grpo_tui.tasks.data reads from a local file
             if not _exists(path, file=True):
                 result.errors.append(f"data.source: got {shorten(source)}; no such file")

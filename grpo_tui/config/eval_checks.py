@@ -4,12 +4,12 @@ exist, would otherwise surface only when the run has finished training."""
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 from grpo_tui.config.schema import Preset
 from grpo_tui.config.types import shorten
 from grpo_tui.tasks.data import BUILTIN_ADDITION, LOCAL_SUFFIXES
 from grpo_tui.tasks.rewards import REWARDS
+from grpo_tui.userpath import user_path
 
 _ALLOWED = (
     "empty (rows of data.source), builtin:addition, a hub id (openai/gsm8k), or a local .jsonl/.json/.parquet file"
@@ -22,7 +22,7 @@ def eval_errors(preset: Preset, hub_id: re.Pattern[str]) -> list[str]:
     errors = []
     source = preset.eval.source
     if source:
-        path = Path(source).expanduser()
+        path = user_path(source)
         if source.startswith("builtin:"):
             if source != BUILTIN_ADDITION:
                 errors.append(f"eval.source: got {shorten(source)}; allowed: {_ALLOWED}")

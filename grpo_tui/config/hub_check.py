@@ -11,8 +11,9 @@ from __future__ import annotations
 import os
 import socket
 from functools import lru_cache
-from pathlib import Path
 from urllib.parse import urlsplit
+
+from grpo_tui.userpath import user_path
 
 # Seconds allowed to open a connection to the hub.
 HUB_TIMEOUT_S = 3.0
@@ -55,7 +56,7 @@ def hub_reachable(endpoint: str, timeout: float = HUB_TIMEOUT_S) -> bool:
 
 def hub_model_problem(name: str, is_hub_id: bool) -> str | None:
     """One line when hub model `name` is neither cached nor downloadable now; None otherwise."""
-    if not is_hub_id or Path(name).expanduser().exists() or model_cached(name):
+    if not is_hub_id or user_path(name).exists() or model_cached(name):
         return None
     # A name with control characters is shown quoted, so the error stays one line.
     shown = name if name.isprintable() else repr(name)

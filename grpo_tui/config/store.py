@@ -20,6 +20,7 @@ from grpo_tui.config.overrides import apply_overrides
 from grpo_tui.config.schema import PRESET_NAME_RE, Preset, PresetError, name_from_stem, validate_data
 from grpo_tui.config.types import clip, shorten
 from grpo_tui.tasks.data import LOCAL_SUFFIXES
+from grpo_tui.userpath import user_path
 
 USER_DIR_ENV = "GRPO_TUI_PRESETS_DIR"
 # Package data (the repository's top-level presets/ folder), so a wheel install has them too.
@@ -40,7 +41,7 @@ class PresetEntry:
 def user_presets_dir() -> Path:
     override = os.environ.get(USER_DIR_ENV)
     if override:
-        return Path(override).expanduser()
+        return user_path(override)
     import platformdirs  # imported here: only needed when no override is set
 
     return platformdirs.user_config_path("grpo-tui") / "presets"
@@ -81,7 +82,7 @@ def find_preset(name: str) -> PresetEntry:
 def resolve_preset_path(arg: str) -> Path:
     """Path of the preset named or pointed to by `arg` (a name from `presets list` or a .toml path)."""
     if is_path_like(arg):
-        path = Path(arg).expanduser()
+        path = user_path(arg)
         try:
             found = path.is_file()
         except OSError as exc:  # a name too long for the file system (ENAMETOOLONG), a folder we may not enter
@@ -139,7 +140,7 @@ def beside_file(preset: Preset, path: Path) -> Preset:
     current one: a preset and the data file beside it work from anywhere."""
     source = preset.data.source
     local = Path(source).suffix in LOCAL_SUFFIXES or source.startswith(("./", "../"))
-    if source.startswith("builtin:") or not local or Path(source).expanduser().is_absolute():
+    if source.startswith("builtin:") or not local or user_path(source).is_absolute():
         return preset
     resolved = str(Path(path).resolve().parent / source)
     return preset.model_copy(update={"data": preset.data.model_copy(update={"source": resolved})})

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from grpo_tui.userpath import user_path
+
 
 def shown_path(path: Path) -> str:
     """`runs`, `~/.config/grpo-tui/presets/x.toml` or `/scratch/runs`: the shortest honest spelling."""
-    path = Path(path).expanduser().absolute()
+    path = user_path(path).absolute()
     for base, prefix in ((Path.cwd(), ""), (Path.home(), "~/")):
         try:
             rel = path.relative_to(base)

@@ -23,6 +23,7 @@ from grpo_tui.launch.supervisor import run_foreground, spawn_detached
 from grpo_tui.runs.claim import RESUMING, RunClaim, claim_run
 from grpo_tui.runs.folder import RunDir, read_json, write_private_text
 from grpo_tui.runs.status import LIVE_STATES, RunStatus, judge, processes_alive
+from grpo_tui.userpath import user_path
 
 # The trainer's flag (train/entry.py) that continues from the newest checkpoint.
 RESUME_FLAG = "--resume"
@@ -34,7 +35,7 @@ def claim_resume(run_dir: Path | str) -> tuple[RunDir, RunClaim]:
     The claim is the caller's to hand to the supervisor (or release).
     """
     shown = clip(str(run_dir))
-    run = RunDir(Path(run_dir).expanduser().resolve())
+    run = RunDir(user_path(run_dir).resolve())
     if not run.path.is_dir():
         raise PresetError([f"{shown}: no such run folder"])
     if not run.is_run:

@@ -40,6 +40,7 @@ from grpo_tui.runs.failures import failure_reason, signal_name
 from grpo_tui.runs.folder import RunDir, open_private, read_json, write_private_text
 from grpo_tui.runs.metrics import MetricsTail
 from grpo_tui.runs.status import SUPERVISOR_PID_ENV, SUPERVISOR_STARTED_ENV, RunStatus
+from grpo_tui.userpath import user_path
 
 # Seconds between SIGTERM and SIGKILL when a process group is killed.
 KILL_GRACE_S = 5.0
@@ -94,10 +95,10 @@ def _absolute_paths(preset: Preset, runs_dir: Path | str | None) -> Preset:
     """Resolve paths the trainer reads: it may run with another working directory."""
     logging = preset.logging.model_copy(update={"runs_dir": str(Path(runs_dir or preset.logging.runs_dir).resolve())})
     update: dict[str, Any] = {"logging": logging}
-    source = Path(preset.data.source).expanduser()
+    source = user_path(preset.data.source)
     if not preset.data.source.startswith("builtin:") and source.exists():
         update["data"] = preset.data.model_copy(update={"source": str(source.resolve())})
-    model = Path(preset.model.name_or_path).expanduser()
+    model = user_path(preset.model.name_or_path)
     if not preset.model.name_or_path.startswith("builtin:") and model.exists():
         update["model"] = preset.model.model_copy(update={"name_or_path": str(model.resolve())})
     return preset.model_copy(update=update)

@@ -15,8 +15,9 @@ import json
 import re
 import string
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Any
+
+from grpo_tui.userpath import user_path
 
 BUILTIN_ADDITION = "builtin:addition"
 ADDITION_DIGITS = 2
@@ -68,7 +69,7 @@ def load_rows(source: str, split: str = "train"):  # -> datasets.Dataset
         return datasets.Dataset.from_list(addition_rows())
     if source.startswith("builtin:"):
         raise DataError(f"data.source: unknown built-in {source!r}; allowed: {BUILTIN_ADDITION}")
-    path = Path(source).expanduser()
+    path = user_path(source)
     if path.suffix in LOCAL_SUFFIXES or path.exists():
         if not path.is_file():
             raise DataError(f"data.source: file not found: {path}")
@@ -91,7 +92,7 @@ def first_row(source: str) -> Mapping[str, Any] | None:
     """
     if source in KNOWN_ROWS:
         return KNOWN_ROWS[source]
-    path = Path(source).expanduser()
+    path = user_path(source)
     try:
         if path.suffix in (".jsonl", ".json") and path.is_file():
             with open(path, encoding="utf-8-sig") as handle:

@@ -27,6 +27,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from grpo_tui.userpath import user_path
+
 BUILTIN_MODEL = "builtin:tiny-qwen3"
 CACHE_ENV = "GRPO_TUI_CACHE_DIR"
 
@@ -71,7 +73,7 @@ def cache_root() -> Path:
     """Where built models live: $GRPO_TUI_CACHE_DIR, else the platform's user cache dir."""
     override = os.environ.get(CACHE_ENV)
     if override:
-        return Path(override).expanduser().resolve()
+        return user_path(override).resolve()
     import platformdirs
 
     return platformdirs.user_cache_path("grpo-tui")

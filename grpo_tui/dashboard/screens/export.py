@@ -12,6 +12,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Checkbox, Input, Label, Select
 
 from grpo_tui.launch.export import ExportOptions
+from grpo_tui.userpath import user_path
 
 DTYPE_CHOICES = [("as trained", ""), ("bf16", "bf16"), ("fp16", "fp16"), ("fp32", "fp32")]
 
@@ -55,7 +56,7 @@ class ExportScreen(ModalScreen[ExportOptions | None]):
             return None
         dtype = self.query_one("#export-dtype", Select).value
         return ExportOptions(
-            to=Path(text).expanduser(),
+            to=user_path(text),
             merged=self.lora and self.query_one("#export-merged", Checkbox).value,
             dtype=str(dtype) if isinstance(dtype, str) and dtype else None,
             force=self.query_one("#export-force", Checkbox).value,
