@@ -1,6 +1,6 @@
 """The import rule: each stage imports only the stages below it in the flow, with no circle.
 
-    tasks -> losses -> config -> runs -> launch | train -> dashboard -> tools -> cli
+    userpath -> tasks -> losses -> config -> runs -> launch | train -> dashboard -> tools -> cli
 
 Read from the source with `ast` (every import, also those inside functions), so a late import cannot
 dodge the rule. `ALLOWED` is the one place the allowed edges are named. Also the layout itself: every package's
@@ -25,15 +25,16 @@ NOT_OURS = {"tests", ".venv", "build", "dist", "results"}
 
 # stage -> the stages it may import (besides itself). `grpo_kernels` is the kernels package.
 ALLOWED: dict[str, set[str]] = {
-    "tasks": set(),  # built-in data sources, rewards and models: what a preset can name
+    "userpath": set(),  # a path as a user typed it: every stage below reads paths from users
+    "tasks": {"userpath"},  # built-in data sources, rewards and models: what a preset can name
     "losses": {"grpo_kernels"},  # the loss implementations: declarations, refusals, scoring and loss (lazy torch)
-    "config": {"tasks", "losses"},  # schema, store, --set overrides, pre-launch checks
-    "runs": {"config"},  # the run-folder contract: paths, metrics, completions, status, failure wording
-    "launch": {"config", "runs"},  # accelerate argv, the supervisor, SLURM
-    "train": {"tasks", "losses", "config", "runs", "grpo_kernels"},  # the trainer under accelerate
-    "dashboard": {"config", "runs", "launch"},  # view models and the Textual app (starts runs via launch)
-    "tools": {"tasks", "losses", "config", "runs", "launch", "train", "dashboard", "grpo_kernels"},
-    "cli": {"tasks", "config", "runs", "launch", "train", "dashboard", "tools"},
+    "config": {"userpath", "tasks", "losses"},  # schema, store, --set overrides, pre-launch checks
+    "runs": {"userpath", "config"},  # the run-folder contract: paths, metrics, completions, status, failure wording
+    "launch": {"userpath", "config", "runs"},  # accelerate argv, the supervisor, SLURM
+    "train": {"userpath", "tasks", "losses", "config", "runs", "grpo_kernels"},  # the trainer under accelerate
+    "dashboard": {"userpath", "config", "runs", "launch"},  # view models and the Textual app (starts runs via launch)
+    "tools": {"userpath", "tasks", "losses", "config", "runs", "launch", "train", "dashboard", "grpo_kernels"},
+    "cli": {"userpath", "tasks", "config", "runs", "launch", "train", "dashboard", "tools"},
     "__init__": set(),
 }
 
