@@ -1,6 +1,6 @@
 """The import rule: each stage imports only the stages below it in the flow, with no circle.
 
-    userpath -> tasks -> losses -> config -> runs -> launch | train -> dashboard -> tools -> cli
+    userinput -> tasks -> losses -> config -> runs -> launch | train -> dashboard -> tools -> cli
 
 Read from the source with `ast` (every import, also those inside functions), so a late import cannot
 dodge the rule. `ALLOWED` is the one place the allowed edges are named. Also the layout itself: every package's
@@ -25,16 +25,16 @@ NOT_OURS = {"tests", ".venv", "build", "dist", "results"}
 
 # stage -> the stages it may import (besides itself). `grpo_kernels` is the kernels package.
 ALLOWED: dict[str, set[str]] = {
-    "userpath": set(),  # a path as a user typed it: every stage below reads paths from users
-    "tasks": {"userpath"},  # built-in data sources, rewards and models: what a preset can name
+    "userinput": set(),  # a path as a user typed it: every stage below reads paths from users
+    "tasks": {"userinput"},  # built-in data sources, rewards and models: what a preset can name
     "losses": {"grpo_kernels"},  # the loss implementations: declarations, refusals, scoring and loss (lazy torch)
-    "config": {"userpath", "tasks", "losses"},  # schema, store, --set overrides, pre-launch checks
-    "runs": {"userpath", "config"},  # the run-folder contract: paths, metrics, completions, status, failure wording
-    "launch": {"userpath", "config", "runs"},  # accelerate argv, the supervisor, SLURM
-    "train": {"userpath", "tasks", "losses", "config", "runs", "grpo_kernels"},  # the trainer under accelerate
-    "dashboard": {"userpath", "config", "runs", "launch"},  # view models and the Textual app (starts runs via launch)
-    "tools": {"userpath", "tasks", "losses", "config", "runs", "launch", "train", "dashboard", "grpo_kernels"},
-    "cli": {"userpath", "tasks", "config", "runs", "launch", "train", "dashboard", "tools"},
+    "config": {"userinput", "tasks", "losses"},  # schema, store, --set overrides, pre-launch checks
+    "runs": {"userinput", "config"},  # the run-folder contract: paths, metrics, completions, status, failure wording
+    "launch": {"userinput", "config", "runs"},  # accelerate argv, the supervisor, SLURM
+    "train": {"userinput", "tasks", "losses", "config", "runs", "grpo_kernels"},  # the trainer under accelerate
+    "dashboard": {"userinput", "config", "runs", "launch"},  # view models and the Textual app (starts runs via launch)
+    "tools": {"userinput", "tasks", "losses", "config", "runs", "launch", "train", "dashboard", "grpo_kernels"},
+    "cli": {"userinput", "tasks", "config", "runs", "launch", "train", "dashboard", "tools"},
     "__init__": set(),
 }
 

@@ -26,7 +26,7 @@ from grpo_tui.tasks.rewards import REWARDS, RewardError, resolve_reward, signatu
 from grpo_tui.tasks.shapes import QWEN3_SHAPES
 from grpo_tui.tasks.tiny import BUILTIN_MODEL
 from grpo_tui.tasks.workload import forced_lengths_from_env
-from grpo_tui.userpath import user_path
+from grpo_tui.userinput import user_path
 
 # Models and tasks built in code (grpo_tui's training side); `builtin:<name>` must name one.
 BUILTIN_MODELS: tuple[str, ...] = (BUILTIN_MODEL.removeprefix("builtin:"), *QWEN3_SHAPES)

@@ -13,7 +13,7 @@ import socket
 from functools import lru_cache
 from urllib.parse import urlsplit
 
-from grpo_tui.userpath import user_path
+from grpo_tui.userinput import clip, user_path
 
 # Seconds allowed to open a connection to the hub.
 HUB_TIMEOUT_S = 3.0
@@ -58,8 +58,7 @@ def hub_model_problem(name: str, is_hub_id: bool) -> str | None:
     """One line when hub model `name` is neither cached nor downloadable now; None otherwise."""
     if not is_hub_id or user_path(name).exists() or model_cached(name):
         return None
-    # A name with control characters is shown quoted, so the error stays one line.
-    shown = name if name.isprintable() else repr(name)
+    shown = clip(name)  # one line, whatever the name holds
     fix = f"download it first with `hf download {shown}` (or give a local folder)"
     if hub_offline():
         return f"model.name_or_path: {shown} is not in the local cache and HF_HUB_OFFLINE is set; {fix}"

@@ -11,6 +11,8 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, BeforeValidator, Field
 
+from grpo_tui.userinput import ECHO_LIMIT, clip, shorten  # noqa: F401 - config's callers import them from here
+
 # ---- bounds: far beyond any real run, low enough that a typo (10**18) is refused here rather than
 # after 15-30 s of start-up, or by an allocation that takes the machine down ------------------------
 # Sequences per device, completions per prompt, sub-batches: no accelerator holds 65,536 sequences.
@@ -43,27 +45,6 @@ MAX_PATH_PART_BYTES = 255
 # One-line text (hub ids, splits, module names, hosts) and prose (templates, system prompts).
 MAX_LINE = 1_024
 MAX_PROSE = 100_000
-# Echoed user values in error lines are cut to this many characters (one input was 100,182).
-ECHO_LIMIT = 80
-
-
-def clip(text: str, limit: int = ECHO_LIMIT) -> str:
-    """`text` on one printable line, cut to about `limit` characters: a user value or path in an error line."""
-    if not text.isprintable():
-        # Newlines would split the line; lone surrogates (from undecodable argv bytes) cannot be printed.
-        text = text.encode("unicode_escape", "backslashreplace").decode("ascii")
-    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
-
-
-def shorten(value: Any, limit: int = ECHO_LIMIT) -> str:
-    """`repr(value)` cut to about `limit` characters: how every error line echoes a user's value."""
-    try:
-        text = repr(value)
-    except ValueError:  # an int past Python's int-to-str digit limit
-        return f"an integer of about {int(value.bit_length() * 0.30103)} digits"
-    except RecursionError:
-        return "a value nested too deeply"
-    return clip(text, limit)
 
 
 def _no_bool(value: Any) -> Any:

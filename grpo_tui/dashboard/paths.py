@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from grpo_tui.userpath import user_path
+from grpo_tui.userinput import user_path
 
 
 def shown_path(path: Path) -> str:

@@ -23,7 +23,7 @@ from grpo_tui.launch.supervisor import run_foreground, spawn_detached
 from grpo_tui.runs.claim import RESUMING, RunClaim, claim_run
 from grpo_tui.runs.folder import RunDir, read_json, write_private_text
 from grpo_tui.runs.status import LIVE_STATES, RunStatus, judge, processes_alive
-from grpo_tui.userpath import user_path
+from grpo_tui.userinput import user_path
 
 # The trainer's flag (train/entry.py) that continues from the newest checkpoint.
 RESUME_FLAG = "--resume"

@@ -17,7 +17,7 @@ import string
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from grpo_tui.userpath import user_path
+from grpo_tui.userinput import user_path
 
 BUILTIN_ADDITION = "builtin:addition"
 ADDITION_DIGITS = 2

@@ -13,12 +13,12 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from grpo_tui.userinput import clip
+
 # Completions in the sample: more than one, so a reward returning a list of one is caught.
 SAMPLE_COMPLETIONS: tuple[str, ...] = ("42", "I don't know.")
 # Seconds the sample call may take before it is given up on (its thread is left to finish).
 TRIAL_TIMEOUT_S = 10.0
-# Characters of the returned value echoed in the message.
-ECHO_CHARS = 80
 
 
 def sample_prompt(template: str, row: Mapping[str, Any]) -> str:
@@ -62,16 +62,16 @@ def reward_trial_problem(func: Callable[..., Any], row: Mapping[str, Any], promp
         return f"did not return within {TRIAL_TIMEOUT_S:.0f} s on a sample of {n} completions"
     if "error" in outcome:
         exc = outcome["error"]
-        return f"raised {type(exc).__name__} on a sample of {n} completions: {_echo(str(exc))}"
+        return f"raised {type(exc).__name__} on a sample of {n} completions: {clip(str(exc))}"
     value = outcome.get("value")
     wanted = f"a reward returns a list of {n} numbers for {n} completions (None: no reward)"
     if not isinstance(value, (list, tuple)):
-        return f"returned {_echo(_repr(value))} ({type(value).__name__}); {wanted}"
+        return f"returned {clip(_repr(value))} ({type(value).__name__}); {wanted}"
     if len(value) != n:
         return f"returned a list of {len(value)} for {n} completions; {wanted}"
     bad = [v for v in value if not _is_reward(v)]
     if bad:
-        return f"returned {_echo(_repr(bad[0]))} ({type(bad[0]).__name__}) in its list; {wanted}"
+        return f"returned {clip(_repr(bad[0]))} ({type(bad[0]).__name__}) in its list; {wanted}"
     return None
 
 
@@ -85,8 +85,3 @@ def _repr(value: Any) -> str:
         return repr(value)
     except Exception:  # a user object whose repr fails
         return f"<{type(value).__name__}>"
-
-
-def _echo(text: str) -> str:
-    text = text if text.isprintable() else text.encode("unicode_escape", "backslashreplace").decode("ascii")
-    return text if len(text) <= ECHO_CHARS else f"{text[:ECHO_CHARS]}..."

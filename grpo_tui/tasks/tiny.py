@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from grpo_tui.userpath import user_path
+from grpo_tui.userinput import user_path
 
 BUILTIN_MODEL = "builtin:tiny-qwen3"
 CACHE_ENV = "GRPO_TUI_CACHE_DIR"

@@ -16,6 +16,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from grpo_tui.userinput import shorten
+
 MEAN_SHARE = 0.35  # mean completion length / cap
 AT_CAP = 0.10  # share of rows that run to the cap
 SHAPE = 2.0  # the Beta distribution's first parameter for the rows below the cap (its mode sits near a fifth)
@@ -24,7 +26,6 @@ SHAPE = 2.0  # the Beta distribution's first parameter for the rows below the ca
 LENGTHS_ENV = "GRPO_TUI_COMPLETION_LENGTHS"
 LENGTH_MODES = ("cap", "realistic")
 LENGTHS_ALLOWED = "cap, realistic or realistic:SEED (SEED a whole number of up to 19 digits)"
-ECHO_LIMIT = 80  # characters of a bad value echoed in the error line
 _REALISTIC = re.compile(r"realistic(?::([0-9]{1,19}))?")  # ASCII digits only: int() would take other scripts'
 
 
@@ -68,8 +69,7 @@ def parse_lengths(raw: str, where: str = LENGTHS_ENV) -> ForcedLengths | None:
         return None
     match = _REALISTIC.fullmatch(raw)
     if match is None:
-        shown = repr(raw) if len(raw) <= ECHO_LIMIT else f"{raw[:ECHO_LIMIT]!r}... ({len(raw)} characters)"
-        raise ValueError(f"{where}: got {shown}; allowed: {LENGTHS_ALLOWED}")
+        raise ValueError(f"{where}: got {shorten(raw)}; allowed: {LENGTHS_ALLOWED}")
     return ForcedLengths(int(match.group(1) or 0))
 
 

@@ -12,7 +12,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Checkbox, Input, Label, Select
 
 from grpo_tui.launch.export import ExportOptions
-from grpo_tui.userpath import user_path
+from grpo_tui.userinput import user_path
 
 DTYPE_CHOICES = [("as trained", ""), ("bf16", "bf16"), ("fp16", "fp16"), ("fp32", "fp32")]
 
