@@ -20,6 +20,8 @@ from typing import NamedTuple
 
 import torch
 
+from grpo_tui.runs.metrics import TOKEN_PHASES, valid_share_key
+
 # Groups per scoring batch and loss micro-batch (more where a sub-batch bound asks). Sorted rows in four equal
 # groups, each cut after its own longest completion, compute 1.2-1.3x the real tokens at the benchmarks'
 # realistic lengths (mean 35% of the cap, 10% of rows at it; 150-token prompts), against 2.2-2.6x padded.
@@ -101,8 +103,6 @@ class TokenCounts:
 def share_fields(per_rank: Sequence[dict[str, tuple[int, int]]]) -> dict[str, float]:
     """The step record's valid-token share per phase, over every rank's counts (phases that computed nothing
     are left out)."""
-    from grpo_tui.runs.metrics import TOKEN_PHASES, valid_share_key
-
     fields = {}
     for phase in TOKEN_PHASES:
         valid = sum(counts[phase][0] for counts in per_rank if phase in counts)

@@ -121,7 +121,7 @@ class GrpoTuiTrainer(LossPhaseMixin, GRPOTrainer):
         # for long completions) holds one slice. Each completion is sampled independently, so slicing keeps
         # the distribution; vLLM, continuous batching and multimodal inputs manage their own memory.
         size = self.generation_sub_batch
-        if size is None or self.use_vllm or self.use_transformers_continuous_batching or multimodal_fields:
+        if self.use_vllm or self.use_transformers_continuous_batching or multimodal_fields:
             size = None
         return slice_bounds(len(prompt_ids), size) if prompt_ids else []
 
