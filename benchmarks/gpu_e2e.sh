@@ -205,22 +205,38 @@ for phase in "$@"; do
     reallengths)
       # Realistic completion lengths: the rollout alone (to the cap, finished rows kept, compacted), whole steps
       # (ours, TRL's head on our rollouts, TRL as a user has it, ours to the cap) and the max batch under 24 GiB
-      # against TRL's, at 128 x 1024. REAL_SHAPES / REAL_STEP_SHAPES narrow them.
+      # against TRL's, at 128 x 1024. REAL_PARTS picks among "decode steps maxbatch" (default all);
+      # REAL_SHAPES / REAL_STEP_SHAPES narrow them. The two max-batch searches share the GPU (each capped at
+      # 24 GiB, memory only); ours with the sub-batch options a memory-bound user sets (REAL_OURS_SETS).
       build_model || exit 1
-      timeout ${REAL_DECODE_TIMEOUT:-150} python3 benchmarks/real_lengths.py --data "$GSM8K" \
-        --shapes ${REAL_SHAPES:-128x1024,64x2048} --out "$OUT/real" > "$OUT/real-lengths.log" 2>&1
-      tail -6 "$OUT/real-lengths.log"
-      timeout ${REAL_STEP_TIMEOUT:-560} python3 benchmarks/real_length_steps.py --data "$GSM8K" --out "$OUT/real" \
-        --shapes ${REAL_STEP_SHAPES:-0.6b:128x1024} ${REAL_STEP_ARGS:-} 2>&1 | tail -14
-      for side in ours trl; do
-        if [ $side = ours ]; then sets=(--impl chunked --set grpo.generation_backend=graph); else
-          sets=(--impl trl --set grpo.generation_backend=generate --set grpo.padding_free=false); fi
-        timeout ${REAL_MAXBATCH_TIMEOUT:-240} python3 -m grpo_tui.cli max-batch qwen3-0.6b-gsm8k "${E2E_SETS[@]}" \
-          --set grpo.max_completion_length=1024 "${sets[@]}" --lengths realistic --memory-cap 24 --start 64 \
-          --multiple 16 --limit 1024 --runs-dir /tmp/runs-mb-real-$side --out "$OUT/real/maxbatch-$side" \
-          > "$OUT/real/maxbatch-$side.log" 2>&1
-        tail -2 "$OUT/real/maxbatch-$side.log"
-      done
+      mkdir -p "$OUT/real"
+      parts=" ${REAL_PARTS:-decode steps maxbatch} "
+      if [[ $parts == *" decode "* ]]; then
+        timeout ${REAL_DECODE_TIMEOUT:-150} python3 benchmarks/real_lengths.py --data "$GSM8K" \
+          --shapes ${REAL_SHAPES:-128x1024,64x2048} --out "$OUT/real" > "$OUT/real-lengths.log" 2>&1
+        tail -6 "$OUT/real-lengths.log"
+      fi
+      if [[ $parts == *" steps "* ]]; then
+        timeout ${REAL_STEP_TIMEOUT:-560} python3 benchmarks/real_length_steps.py --data "$GSM8K" --out "$OUT/real" \
+          --shapes ${REAL_STEP_SHAPES:-0.6b:128x1024} ${REAL_STEP_ARGS:-} 2>&1 | tail -14
+      fi
+      if [[ $parts == *" maxbatch "* ]]; then
+        for side in ours trl; do
+          if [ $side = ours ]; then
+            sets=(--impl chunked --set grpo.generation_backend=graph)
+            for item in ${REAL_OURS_SETS:-grpo.generation_sub_batch=32 grpo.scoring_sub_batch=32}; do sets+=(--set "$item"); done
+            search=(${REAL_OURS_SEARCH:---start 128 --multiple 64 --limit 256})
+          else
+            sets=(--impl trl --set grpo.generation_backend=generate --set grpo.padding_free=false)
+            search=(${REAL_TRL_SEARCH:---start 48 --multiple 16 --limit 256})
+          fi
+          timeout ${REAL_MAXBATCH_TIMEOUT:-240} python3 -m grpo_tui.cli max-batch qwen3-0.6b-gsm8k "${E2E_SETS[@]}" \
+            --set grpo.max_completion_length=1024 "${sets[@]}" --lengths realistic --memory-cap 24 "${search[@]}" \
+            --runs-dir /tmp/runs-mb-real-$side --out "$OUT/real/maxbatch-$side" > "$OUT/real/maxbatch-$side.log" 2>&1 &
+        done
+        wait
+        tail -n 3 "$OUT"/real/maxbatch-*.log
+      fi
       ;;
     *) echo "unknown phase $phase; allowed: tests kernel generation memory memory2 concurrent rollout dashboard profile steps decode fsdp export reallengths" >&2; exit 2 ;;
   esac

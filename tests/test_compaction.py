@@ -12,7 +12,7 @@ from test_decode_model import on_copy
 from test_generation import PAD
 from transformers import AutoModelForCausalLM
 
-from grpo_tui.train.generation import ROW_MULTIPLE, Sampling, StaticDecoder
+from grpo_tui.train.generation import ROW_MULTIPLE, Sampling, StaticDecoder, _halved_rows
 
 MAX_NEW = 48
 # A token the tiny model never decodes greedily from these prompts: rows end where `lengths` ends them
@@ -115,3 +115,13 @@ def test_sampled_compacted_rollouts_are_valid_completions(decoded: torch.nn.Modu
     assert [len(ids) for ids in got.ids[3:]] == [4] * 17 or all(len(ids) <= 4 for ids in got.ids[3:])
     assert all(all(lp <= 0.0 for lp in row) for row in got.logprobs)
     assert len({tuple(ids) for ids in got.ids[:3]}) == 3
+
+
+def test_compaction_moves_along_the_buckets_halvings_whatever_the_active_count() -> None:
+    # A rollout's lengths change every step; the row counts it compacts to must not, or each step captures anew
+    for bucket, chain in ((128, {128, 64, 32, 16, 8}), (40, {40, 24, 16, 8}), (8, {8})):
+        seen = {_halved_rows(bucket, active) for active in range(bucket + 1)}
+        assert seen == chain
+        for active in range(1, bucket + 1):
+            rows = _halved_rows(bucket, active)
+            assert rows >= active and (rows == bucket or _halved_rows(rows, active) == rows)

@@ -75,6 +75,14 @@ def _round_up(value: int, multiple: int) -> int:
     return -(-value // multiple) * multiple
 
 
+def _halved_rows(rows: int, active: int) -> int:
+    """`rows` halved (rounded up to ROW_MULTIPLE) while `active` rows still fit. Every rollout of a bucket then
+    compacts along the same few row counts (128, 64, 32, 16, 8), each captured once, whatever its lengths."""
+    while (half := _round_up(-(-rows // 2), ROW_MULTIPLE)) < rows and half >= active:
+        rows = half
+    return rows
+
+
 class StaticDecoder:
     """Batched sampling with a static KV cache; `use_graph` replays the decode step from a CUDA graph.
 
@@ -96,7 +104,8 @@ class StaticDecoder:
     ) -> None:
         self.use_graph = use_graph
         # Finished rows stop costing (`compaction`): on the fused forward's cache, once at most half the rows
-        # are still decoding, the rest of the rollout decodes only those, on a graph captured for their count.
+        # are still decoding, the rest of the rollout decodes only those, on the bucket halved as often as they fit
+        # (a graph captured once per halving).
         self.compact = compact
         # The kernels the decode steps may use: "triton" (grpo_kernels' decode kernel, 3.1x cuDNN's sdpa per call
         # on the H200, `benchmarks/results/decode-attention-h200/`) and/or torch's SDPBackend names (empty: torch's
@@ -191,10 +200,10 @@ class StaticDecoder:
                 if active == 0:
                     steps = taken
                     break
-                smaller = _round_up(active, ROW_MULTIPLE)
+                smaller = _halved_rows(view.rows, active)
                 # The capture's warm-up steps write a few slots ahead: not within that many of the end.
                 room = max_new_tokens - taken > WARMUP_STEPS + FINISH_CHECK_EVERY
-                if rows is not None and room and smaller <= view.rows // 2:
+                if rows is not None and room and smaller < view.rows:
                     rows.compact(view, smaller)
                     view = self._view(model, smaller)
                     self.row_counts.append(smaller)
