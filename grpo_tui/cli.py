@@ -99,7 +99,7 @@ def user_error(exc: Exception, where: str) -> tuple[int, list[str]] | None:
     from pydantic import ValidationError  # imported late: pydantic is slow to load
 
     from grpo_tui.config.schema import PresetError, format_errors
-    from grpo_tui.config.types import clip
+    from grpo_tui.userinput import clip
 
     if isinstance(exc, PresetError):
         return EXIT_USAGE, exc.lines
@@ -308,7 +308,7 @@ def _cmd_presets_validate(args: argparse.Namespace) -> int:
     from grpo_tui.config.checks import check_preset, environment_errors
     from grpo_tui.config.schema import PresetError
     from grpo_tui.config.store import load_preset
-    from grpo_tui.config.types import clip
+    from grpo_tui.userinput import clip
 
     failed = False
     for arg in args.files:

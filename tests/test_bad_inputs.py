@@ -14,8 +14,8 @@ import pytest
 from grpo_tui.cli import main
 from grpo_tui.config import checks
 from grpo_tui.config.store import load_preset_file
-from grpo_tui.config.types import ECHO_LIMIT
 from grpo_tui.tasks.rewards import resolve_reward
+from grpo_tui.userinput import ECHO_LIMIT
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 # An error line: the source, the dotted path, a value cut to ECHO_LIMIT and what is allowed.

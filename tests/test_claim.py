@@ -11,11 +11,11 @@ import pytest
 from test_runner import fake_run, steps_logged, wait_for
 
 from grpo_tui.config.schema import PresetError
-from grpo_tui.config.types import clip
 from grpo_tui.launch.supervisor import stop_run
 from grpo_tui.runs.claim import RESUMING, RUNNING, claim_run
 from grpo_tui.runs.folder import RunDir
 from grpo_tui.runs.metrics import read_records
+from grpo_tui.userinput import clip
 
 # `grpo-tui resume RUN --detach` whose state check takes a second (a slow disk): two of them started
 # together both pass the check unless something makes check-and-start one step.

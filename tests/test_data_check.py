@@ -11,7 +11,7 @@ import tomli_w
 
 from grpo_tui.cli import main
 from grpo_tui.config.store import BUILTIN_DIR
-from grpo_tui.config.types import clip
+from grpo_tui.userinput import clip
 
 ROWS = [{"question": f"{i}+1=", "answer": str(i + 1)} for i in range(300)]
 

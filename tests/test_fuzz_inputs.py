@@ -28,7 +28,7 @@ from grpo_tui.cli import main
 from grpo_tui.config import checks
 from grpo_tui.config.schema import walk_fields
 from grpo_tui.config.store import BUILTIN_DIR
-from grpo_tui.config.types import clip
+from grpo_tui.userinput import clip
 
 # Cases per CI run: 700 files + 500 --set items (about 20 s on 2 cores).
 FILE_CASES = 700

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from grpo_tui.cli import main
 from grpo_tui.config.store import BUILTIN_DIR
-from grpo_tui.config.types import clip
+from grpo_tui.userinput import clip
 
 # Cases per CI run (in-process `main`, a few ms each).
 DATA_CASES = 300

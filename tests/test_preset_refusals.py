@@ -10,7 +10,7 @@ import tomli_w
 
 from grpo_tui.cli import main
 from grpo_tui.config.store import BUILTIN_DIR
-from grpo_tui.config.types import clip
+from grpo_tui.userinput import clip
 
 TINY = tomllib.loads((BUILTIN_DIR / "tiny-cpu.toml").read_text(encoding="utf-8"))
 

@@ -18,7 +18,6 @@ from grpo_tui.config.data_check import data_file_problems, template_columns
 from grpo_tui.config.eval_checks import eval_errors
 from grpo_tui.config.hub_check import hub_model_problem
 from grpo_tui.config.schema import GENERATION_BACKENDS, Preset
-from grpo_tui.config.types import ECHO_LIMIT, clip, shorten
 from grpo_tui.losses import LossSettings, refusals
 from grpo_tui.tasks.data import BUILTIN_ADDITION, LOCAL_SUFFIXES, first_row, template_problem
 from grpo_tui.tasks.reward_trial import reward_trial_problem, sample_prompt
@@ -26,7 +25,7 @@ from grpo_tui.tasks.rewards import REWARDS, RewardError, resolve_reward, signatu
 from grpo_tui.tasks.shapes import QWEN3_SHAPES
 from grpo_tui.tasks.tiny import BUILTIN_MODEL
 from grpo_tui.tasks.workload import forced_lengths_from_env
-from grpo_tui.userinput import user_path
+from grpo_tui.userinput import ECHO_LIMIT, clip, shorten, user_path
 
 # Models and tasks built in code (grpo_tui's training side); `builtin:<name>` must name one.
 BUILTIN_MODELS: tuple[str, ...] = (BUILTIN_MODEL.removeprefix("builtin:"), *QWEN3_SHAPES)

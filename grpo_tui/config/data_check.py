@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from grpo_tui.config.types import clip
+from grpo_tui.userinput import clip
 
 # Bytes of a JSON-lines file read through before launch; a larger file is checked this far.
 MAX_SCAN_BYTES = 256 * 1024 * 1024

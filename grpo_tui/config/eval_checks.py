@@ -6,10 +6,9 @@ from __future__ import annotations
 import re
 
 from grpo_tui.config.schema import Preset
-from grpo_tui.config.types import shorten
 from grpo_tui.tasks.data import BUILTIN_ADDITION, LOCAL_SUFFIXES
 from grpo_tui.tasks.rewards import REWARDS
-from grpo_tui.userinput import user_path
+from grpo_tui.userinput import shorten, user_path
 
 _ALLOWED = (
     "empty (rows of data.source), builtin:addition, a hub id (openai/gsm8k), or a local .jsonl/.json/.parquet file"

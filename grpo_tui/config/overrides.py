@@ -14,7 +14,7 @@ from pydantic import BaseModel
 
 from grpo_tui.config.schema import Preset, PresetError, validate_data
 from grpo_tui.config.schema_walk import field_model
-from grpo_tui.config.types import clip, shorten
+from grpo_tui.userinput import clip, shorten
 
 SOURCE = "--set"
 

@@ -20,7 +20,7 @@ from grpo_tui.config.store import (
     save_user_preset,
     user_presets_dir,
 )
-from grpo_tui.config.types import clip, shorten
+from grpo_tui.userinput import clip, shorten
 
 
 def rename_user_preset(old: str, new: str, shadow: bool = False) -> os.PathLike[str]:

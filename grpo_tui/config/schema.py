@@ -17,7 +17,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from grpo_tui.config import schema_walk
 from grpo_tui.config.schema_walk import SchemaField
 from grpo_tui.config.types import (
-    ECHO_LIMIT,
     MAX_BATCH,
     MAX_BETA,
     MAX_LORA_ALPHA,
@@ -38,10 +37,9 @@ from grpo_tui.config.types import (
     Prose,
     Steps,
     Tokens,
-    clip,
-    shorten,
 )
 from grpo_tui.losses import IMPLEMENTATIONS
+from grpo_tui.userinput import ECHO_LIMIT, clip, shorten
 
 # Names a user may give a preset: they become part of a run folder's name.
 PRESET_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")

@@ -18,9 +18,8 @@ from typing import Any, Literal
 
 from grpo_tui.config.overrides import apply_overrides
 from grpo_tui.config.schema import PRESET_NAME_RE, Preset, PresetError, name_from_stem, validate_data
-from grpo_tui.config.types import clip, shorten
 from grpo_tui.tasks.data import LOCAL_SUFFIXES
-from grpo_tui.userinput import user_path
+from grpo_tui.userinput import clip, shorten, user_path
 
 USER_DIR_ENV = "GRPO_TUI_PRESETS_DIR"
 # Package data (the repository's top-level presets/ folder), so a wheel install has them too.

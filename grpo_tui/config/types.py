@@ -1,7 +1,6 @@
 """The value types of the preset schema: bounds with their reasons, and validators for text and numbers.
 
 Every bound is far beyond any real run and low enough that a typo is refused at validation time.
-`clip`/`shorten` cut echoed values in error lines (a 100,000-character input stays one short line).
 """
 
 from __future__ import annotations
@@ -10,8 +9,6 @@ import re
 from typing import Annotated, Any
 
 from pydantic import AfterValidator, BeforeValidator, Field
-
-from grpo_tui.userinput import ECHO_LIMIT, clip, shorten  # noqa: F401 - config's callers import them from here
 
 # ---- bounds: far beyond any real run, low enough that a typo (10**18) is refused here rather than
 # after 15-30 s of start-up, or by an allocation that takes the machine down ------------------------

@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from grpo_tui.config.types import clip
 from grpo_tui.dashboard.alerts import Alert, AlertLog, detect_alerts
 from grpo_tui.dashboard.attempts import Attempt
 from grpo_tui.dashboard.loading import load_recent, load_run
@@ -43,6 +42,7 @@ from grpo_tui.runs.metrics import (
 )
 from grpo_tui.runs.product import RunProduct, product_stamp, read_product
 from grpo_tui.runs.status import LIVE_STATES, RunStatus, judge
+from grpo_tui.userinput import clip
 
 # Points per drawn series: about two per cell of a wide chart, so nothing visible is lost.
 MAX_POINTS = 400

@@ -18,12 +18,11 @@ import time
 from pathlib import Path
 
 from grpo_tui.config.schema import PresetError
-from grpo_tui.config.types import clip
 from grpo_tui.launch.supervisor import run_foreground, spawn_detached
 from grpo_tui.runs.claim import RESUMING, RunClaim, claim_run
 from grpo_tui.runs.folder import RunDir, read_json, write_private_text
 from grpo_tui.runs.status import LIVE_STATES, RunStatus, judge, processes_alive
-from grpo_tui.userinput import user_path
+from grpo_tui.userinput import clip, user_path
 
 # The trainer's flag (train/entry.py) that continues from the newest checkpoint.
 RESUME_FLAG = "--resume"

@@ -31,7 +31,6 @@ from grpo_tui.config.checks import check_preset
 from grpo_tui.config.overrides import apply_overrides
 from grpo_tui.config.schema import Preset, PresetError
 from grpo_tui.config.store import dump_preset
-from grpo_tui.config.types import clip
 from grpo_tui.launch.command import build_launch_command, launch_env, per_node_commands, write_accelerate_config
 from grpo_tui.launch.process_group import group_members, process_identity, rank_groups, run_group, terminate_groups
 from grpo_tui.launch.progress import ProgressPrinter
@@ -40,7 +39,7 @@ from grpo_tui.runs.failures import failure_reason, signal_name
 from grpo_tui.runs.folder import RunDir, open_private, read_json, write_private_text
 from grpo_tui.runs.metrics import MetricsTail
 from grpo_tui.runs.status import SUPERVISOR_PID_ENV, SUPERVISOR_STARTED_ENV, RunStatus
-from grpo_tui.userinput import user_path
+from grpo_tui.userinput import clip, user_path
 
 # Seconds between SIGTERM and SIGKILL when a process group is killed.
 KILL_GRACE_S = 5.0

@@ -16,8 +16,8 @@ import os
 from pathlib import Path
 
 from grpo_tui.config.schema import PresetError
-from grpo_tui.config.types import clip
 from grpo_tui.runs.folder import PRIVATE_FILE_MODE, RunDir
+from grpo_tui.userinput import clip
 
 # What the holder is doing, as the refusal names it.
 RESUMING = "resumed"

@@ -15,10 +15,10 @@ import sys
 from pathlib import Path
 from typing import NamedTuple
 
-from grpo_tui.config.types import clip
 from grpo_tui.runs.folder import RunDir
 from grpo_tui.runs.model_dir import folder_bytes, human_bytes
 from grpo_tui.runs.status import LIVE_STATES, judge
+from grpo_tui.userinput import clip
 
 # Characters of a refusal line: it names up to two paths, each of which may be long.
 MESSAGE_LIMIT = 600

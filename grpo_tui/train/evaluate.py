@@ -19,10 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from grpo_tui.config.schema import Preset
-from grpo_tui.config.types import clip
 from grpo_tui.runs.folder import RunDir, write_json_atomic
 from grpo_tui.runs.model_dir import KIND_LORA, read_info
 from grpo_tui.train.export import MESSAGE_LIMIT, OneLineParser
+from grpo_tui.userinput import clip
 
 
 class EvalError(ValueError):

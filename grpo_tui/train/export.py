@@ -19,7 +19,6 @@ import sys
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from grpo_tui.config.types import clip
 from grpo_tui.runs.folder import RunDir
 from grpo_tui.runs.model_dir import (
     KIND_FULL,
@@ -31,6 +30,7 @@ from grpo_tui.runs.model_dir import (
     staged_folder,
     write_info,
 )
+from grpo_tui.userinput import clip
 
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 ADAPTER_CONFIG = "adapter_config.json"

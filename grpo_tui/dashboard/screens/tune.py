@@ -25,8 +25,8 @@ from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Input, Label, ProgressBar, Static
 
-from grpo_tui.config.types import clip
 from grpo_tui.launch.process_group import signal_group
+from grpo_tui.userinput import clip
 
 HINT = "Enter in a field starts the search · Escape stops it and goes back"
 DEFAULT_BUDGET_MIN = "30"  # the command's default, shown so the user sees what applies
