@@ -208,9 +208,12 @@ for phase in "$@"; do
       # against TRL's, at 128 x 1024. REAL_PARTS picks among "decode steps maxbatch" (default all);
       # REAL_SHAPES / REAL_STEP_SHAPES narrow them. The two max-batch searches share the GPU (each capped at
       # 24 GiB, memory only); ours with the sub-batch options a memory-bound user sets (REAL_OURS_SETS).
+      parts=" ${REAL_PARTS:-decode steps maxbatch} "
+      for part in $parts; do
+        case $part in decode|steps|maxbatch) ;; *) echo "REAL_PARTS: got '$part'; allowed: decode steps maxbatch" >&2; exit 2 ;; esac
+      done
       build_model || exit 1
       mkdir -p "$OUT/real"
-      parts=" ${REAL_PARTS:-decode steps maxbatch} "
       if [[ $parts == *" decode "* ]]; then
         timeout ${REAL_DECODE_TIMEOUT:-150} python3 benchmarks/real_lengths.py --data "$GSM8K" \
           --shapes ${REAL_SHAPES:-128x1024,64x2048} --out "$OUT/real" > "$OUT/real-lengths.log" 2>&1
