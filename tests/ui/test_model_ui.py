@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from test_runs_compare_help import runs_table
+from textual.widgets import Input
 from ui_support import SIZE, plain, wait_for
 
 from grpo_tui.dashboard.screens.compare import CompareScreen
@@ -114,6 +115,9 @@ def _open_evaluated(run, keys: tuple[str, ...] = ()):
         pilot.app.open_run(Path("runs") / run.name)
         await wait_for(pilot, lambda: isinstance(pilot.app.screen, DashboardScreen) and pilot.app.screen.updates > 0)
         await pilot.press(*keys)
+        # A blinking cursor would be drawn or not by when the snapshot is taken: hold it shown
+        for field in pilot.app.screen.query(Input):
+            field.cursor_blink = False
         await pilot.pause(0.1)
 
     return run_before
