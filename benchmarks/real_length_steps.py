@@ -2,6 +2,7 @@
 
     python benchmarks/real_length_steps.py --data GSM8K.jsonl --out DIR [--shapes 0.6b:128x1024,...] [--specs ...]
     python benchmarks/real_length_steps.py --tiny --out DIR          # CPU smoke run (tests)
+    python benchmarks/real_length_steps.py --merge A.json B.json --out DIR   # one result from several calls
 
 Each (shape, spec) is a fresh headless run of `--steps` steps (default 3; its row is the mean of steps 2 on: step 1
 compiles) with $GRPO_TUI_COMPLETION_LENGTHS=realistic (grpo_tui/tasks/workload.py: each row's completion ends at a
@@ -21,7 +22,9 @@ Targets, per shape (the `targets` of the result; None where a run is missing):
     decode_allowance   ours generation / (1.3 x valid share x ours-to-cap generation)           <= 1 (no prefill
                        credit here: benchmarks/real_lengths.py times the rollout alone, prefill apart)
 with valid share = generated tokens of `ours` / those of `ours-to-cap`; `ours-compact` gets the same ratios as
-`compact_*`. Writes DIR/real-length-steps.json.
+`compact_*`. Writes DIR/real-length-steps.json. `--merge` joins the rows of results measured on one device by
+separate calls (a short GPU session may not hold every spec; a later file's row replaces an earlier one of the same
+label), keeps each file's command, and computes the targets again.
 """
 
 from __future__ import annotations
@@ -200,6 +203,44 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+ROW_FIGURES = ("step_s", "generation_s", "scoring_s", "loss_s", "generated_tokens")
+
+
+def _is_row(row: Any) -> bool:
+    """A row `targets` can read: label and spec, and each figure a number or absent."""
+    return (
+        isinstance(row, dict)
+        and isinstance(row.get("label"), str)
+        and isinstance(row.get("spec"), str)
+        and all(row.get(k) is None or type(row[k]) in (int, float) for k in ROW_FIGURES)
+    )
+
+
+def merge(paths: list[Path]) -> dict[str, Any]:
+    """One result from the results of several calls on one device (see the module docstring); ValueError (one
+    line) for a file that is not such a result, or results from different devices."""
+    parts = []
+    for path in paths:
+        try:
+            part = json.loads(path.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ValueError(f"--merge: cannot read {path}: {type(exc).__name__}") from None
+        if not (isinstance(part, dict) and isinstance(part.get("rows"), list) and isinstance(part.get("command"), str)):
+            raise ValueError(f"--merge: {path} is not a real-length-steps.json (rows and command)")
+        if not all(_is_row(r) for r in part["rows"]):
+            raise ValueError(f"--merge: {path} has a row without a label and spec, or a figure that is not a number")
+        parts.append(part)
+    devices = sorted({str(p.get("device")) for p in parts})
+    if len(devices) > 1:
+        raise ValueError(f"--merge: one device per result; got {', '.join(devices)}")
+    rows: dict[str, dict[str, Any]] = {}
+    for part in parts:
+        rows.update((r["label"], r) for r in part["rows"])
+    merged = {**parts[0], "command": "\n".join(p["command"] for p in parts), "rows": list(rows.values())}
+    merged["targets"] = targets(merged["rows"])
+    return merged
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", default="", help="GSM8K-style .jsonl (default: each preset's own data)")
@@ -209,7 +250,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--timeout", type=int, default=300, help="seconds per run")
     parser.add_argument("--tiny", action="store_true", help="the smoke run: tiny-cpu at 8x4 on the CPU")
+    parser.add_argument("--merge", nargs="+", type=Path, metavar="JSON", help="join the results of several calls")
     args = parser.parse_args(argv)
+    if args.merge:
+        try:
+            result = merge(args.merge)
+        except ValueError as exc:
+            parser.error(str(exc))
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "real-length-steps.json").write_text(json.dumps(result, indent=1) + "\n")
+        print(table(result["rows"]))
+        print(json.dumps(result["targets"], indent=1))
+        return 0
     try:
         shapes = parse_shapes("tiny:8x4" if args.tiny else args.shapes)
     except ValueError as exc:

@@ -159,3 +159,87 @@ def test_whole_step_targets_are_the_issue_ratios() -> None:
     assert got["decode_allowance"] == pytest.approx(1.5 / (1.3 * 0.4 * 4.0), abs=1e-3)
     assert got["compact_decode_allowance"] == pytest.approx(1.1 / (1.3 * 0.4 * 4.0), abs=1e-3)
     assert "compact_valid_share" not in targets(rows[:3] + rows[4:5])["0.6b 128x1024"]
+
+
+def test_whole_step_results_of_several_calls_merge_into_one(tmp_path: Path) -> None:
+    bench = load_benchmark("real_length_steps")
+
+    def part(name: str, command: str, rows: list[dict], device: str = "GPU A") -> Path:
+        path = tmp_path / name
+        path.write_text(json.dumps({"command": command, "device": device, "rows": rows}))
+        return path
+
+    def row(spec: str, step: float, tokens: float = 40_000) -> dict:
+        return dict(
+            label=f"0.6b 128x1024 {spec}",
+            spec=spec,
+            step_s=step,
+            generation_s=1.0,
+            scoring_s=1.0,
+            loss_s=1.0,
+            generated_tokens=tokens,
+        )
+
+    first = part("a.json", "call a", [row("ours", 4.0), row("trl-head-graph", 10.0), row("ours-to-cap", 9.0, 100_000)])
+    second = part("b.json", "call b", [row("trl-user", 40.0), row("ours", 5.0)])
+    assert bench.main(["--merge", str(first), str(second), "--out", str(tmp_path / "out")]) == 0
+    result = json.loads((tmp_path / "out" / "real-length-steps.json").read_text())
+    assert result["command"] == "call a\ncall b" and result["device"] == "GPU A"
+    assert sorted(r["spec"] for r in result["rows"]) == ["ours", "ours-to-cap", "trl-head-graph", "trl-user"]
+    got = result["targets"]["0.6b 128x1024"]
+    # The later call's `ours` row replaced the earlier one, and the ratios span both calls
+    assert got["step_vs_trl_head"] == 0.5 and got["step_vs_trl_user"] == 0.125
+
+
+@pytest.mark.parametrize(
+    ("content", "allowed"),
+    [
+        (b"\xff\xfe not json", "cannot read"),
+        (b'{"rows": []}', "rows and command"),
+        (b'{"rows": [{"spec": "ours"}], "command": "c"}', "without a label"),
+        (b'{"rows": [{"label": "a b", "spec": "ours", "step_s": "9"}], "command": "c"}', "not a number"),
+        (b'{"rows": [], "command": "c", "device": "GPU B"}', "one device per result"),
+    ],
+)
+def test_whole_step_merge_refuses_bad_files(
+    content: bytes, allowed: str, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps({"command": "c", "device": "GPU A", "rows": []}))
+    bad = tmp_path / "bad.json"
+    bad.write_bytes(content)
+    with pytest.raises(SystemExit) as exc:
+        load_benchmark("real_length_steps").main(["--merge", str(good), str(bad), "--out", str(tmp_path / "o")])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert allowed in err[-1] and err[-1].startswith("pytest: error: --merge")
+    assert not (tmp_path / "o").exists()  # nothing written
+
+
+ROW_VALUES = st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8)
+
+
+@given(
+    content=st.binary(max_size=300)
+    | st.text(max_size=300).map(str.encode)
+    | st.lists(
+        st.fixed_dictionaries(
+            {"label": st.sampled_from(["0.6b 8x4 ours", "x"]), "spec": st.sampled_from(["ours", "ours-to-cap", "q"])},
+            optional={k: ROW_VALUES for k in ("step_s", "generation_s", "scoring_s", "loss_s", "generated_tokens")},
+        ),
+        max_size=4,
+    ).map(lambda rows: json.dumps({"command": "c", "rows": rows}).encode())
+)
+def test_whole_step_merge_of_any_bytes_is_a_result_or_one_line(content: bytes) -> None:
+    import tempfile
+
+    merge = load_benchmark("real_length_steps").merge
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "part.json"
+        path.write_bytes(content)
+        try:
+            result = merge([path])
+        except ValueError as exc:
+            assert str(exc).startswith("--merge: ") and "\n" not in str(exc)
+        else:
+            assert isinstance(result["targets"], dict)
