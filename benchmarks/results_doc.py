@@ -78,10 +78,12 @@ def render(results: list[dict]) -> str:
     for r in results:
         folder = f"../benchmarks/results/{r['benchmark']}/"
         out += ["", f"## {r['benchmark']}", "", f"**{r['title']}.** {r['summary']}", ""]
-        out += [
-            f"- script: `{r['script']}`; command: `{r['command']}`",
-            f"- commit {r['commit']}, {r['device']}, {r['date']}",
-        ]
+        if "\n" in r["command"]:  # several calls, one per line: a block keeps them apart
+            block = "\n".join("  " + line for line in r["command"].splitlines())
+            out += [f"- script: `{r['script']}`; commands, in order:", "", "  ```bash", block, "  ```", ""]
+        else:
+            out += [f"- script: `{r['script']}`; command: `{r['command']}`"]
+        out += [f"- commit {r['commit']}, {r['device']}, {r['date']}"]
         raw = ", ".join(f"[{name}]({folder}{name})" for name in r.get("raw", []))
         out += [f"- files: [result.json]({folder}result.json)" + (f", {raw}" if raw else "")]
         if r.get("notes"):

@@ -89,3 +89,22 @@ def test_the_benchmark_scripts_are_all_entry_points() -> None:
     scripts = {Path(s).name for s in ENTRY_POINTS}
     stray = sorted(p.name for p in (ROOT / "benchmarks").rglob("*.py") if p.name not in scripts | library)
     assert stray == [], f"benchmark modules that are neither an entry point nor a module the scripts share: {stray}"
+
+
+def test_a_result_of_several_calls_lists_each_command_on_its_own_line(results_doc) -> None:
+    result = {
+        "benchmark": "b",
+        "script": "benchmarks/x.py",
+        "title": "t",
+        "summary": "s",
+        "command": "call one --a\ncall two --b",
+        "commit": "c",
+        "device": "d",
+        "date": "2026-01-01",
+        "tables": [],
+    }
+    text = results_doc.render([result])
+    assert "  ```bash\n  call one --a\n  call two --b\n  ```" in text
+    assert "command: `call one" not in text
+    single = results_doc.render([{**result, "command": "call one --a"}])
+    assert "- script: `benchmarks/x.py`; command: `call one --a`" in single
