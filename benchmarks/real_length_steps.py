@@ -10,9 +10,11 @@ seeded drawn length, mean ~35% of the cap, ~10% of rows at it; the same draw for
 whose completions run to the cap (random weights never emit EOS): the no-padding reference. Specs:
 
     trl-user        TRL 1.16 as a user has it: TRL's head, transformers' generate, padded scoring and loss
-    trl-head-graph  TRL's head on our graph rollouts, padded: what is left is the padding work alone
-    ours            our head on our graph rollouts, scoring and loss without padding (grpo.padding_free)
-    ours-compact    ours with the decoder's finished rows compacted away (grpo.finished_rows = compact)
+    trl-head-graph  TRL's head on our graph rollouts (finished rows kept), padded: against `ours`, what is left
+                    is the padding work alone; against `ours-compact`, compaction's gain in the rollout too
+    ours            our head on our graph rollouts, scoring and loss without padding (grpo.padding_free), the
+                    decoder's finished rows kept (grpo.finished_rows = keep)
+    ours-compact    ours with the finished rows compacted away (grpo.finished_rows = compact, the default)
     ours-to-cap     ours with every completion at the cap
 
 Targets, per shape (the `targets` of the result; None where a run is missing):
@@ -62,8 +64,8 @@ MODELS = {
 # spec -> (loss.impl, generation backend, padding_free, realistic lengths, more --set overrides)
 SPECS: dict[str, tuple[str, str, bool, bool, tuple[str, ...]]] = {
     "trl-user": ("trl", "generate", False, True, ()),
-    "trl-head-graph": ("trl", "graph", False, True, ()),
-    "ours": ("chunked", "graph", True, True, ()),
+    "trl-head-graph": ("trl", "graph", False, True, ("grpo.finished_rows=keep",)),
+    "ours": ("chunked", "graph", True, True, ("grpo.finished_rows=keep",)),
     "ours-compact": ("chunked", "graph", True, True, ("grpo.finished_rows=compact",)),
     "ours-to-cap": ("chunked", "graph", True, False, ()),
 }

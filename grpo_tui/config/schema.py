@@ -198,10 +198,10 @@ class GrpoSection(_Section):
         "decodes unmerged)",
     )
     finished_rows: FinishedRows = Field(
-        "keep",
-        description="The graph decoder's finished rows: keep (decode padding until the last row ends) | compact "
-        "(once at most half the rows decode, move them together and decode only those; one more compile per row "
-        "count)",
+        "compact",
+        description="The graph decoder's finished rows: compact (once at most half the rows decode, move them "
+        "together and decode only those, on the bucket halved: 0.67x the step at real lengths, docs/benchmarks.md; "
+        "one more compile per halving) | keep (decode padding until the last row ends)",
     )
     scoring_sub_batch: Count | None = Field(
         None,

@@ -16,7 +16,7 @@ class TrainerOptions:
     generation_sub_batch: int | None = None
     generation_backend: str = "auto"
     decode_copy: str = "keep"
-    finished_rows: str = "keep"
+    finished_rows: str = "compact"
     scoring_sub_batch: int | None = None
     loss_sub_batch: int | None = None
     activation_offload: bool = False
