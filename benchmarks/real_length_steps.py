@@ -15,6 +15,9 @@ whose completions run to the cap (random weights never emit EOS): the no-padding
     ours            our head on our graph rollouts, scoring and loss without padding (grpo.padding_free), the
                     decoder's finished rows kept (grpo.finished_rows = keep)
     ours-compact    ours with the finished rows compacted away (grpo.finished_rows = compact, the default)
+    ours-efficient  ours-compact with the training step's attention held to memory-efficient kernels: cuDNN's
+                    (torch's choice on Hopper) are planned again for each new sequence length, and grouped rows
+                    meet a few new lengths every step (model.sdpa_kernels)
     ours-to-cap     ours with every completion at the cap
 
 Targets, per shape (the `targets` of the result; None where a run is missing):
@@ -24,9 +27,9 @@ Targets, per shape (the `targets` of the result; None where a run is missing):
     decode_allowance   ours generation / (1.3 x valid share x ours-to-cap generation)           <= 1 (no prefill
                        credit here: benchmarks/real_lengths.py times the rollout alone, prefill apart)
 with valid share = generated tokens of `ours` / those of `ours-to-cap`; `ours-compact` gets the same ratios as
-`compact_*`. Writes DIR/real-length-steps.json. `--merge` joins the rows of results measured on one device by
-separate calls (a short GPU session may not hold every spec; a later file's row replaces an earlier one of the same
-label), keeps each file's command, and computes the targets again.
+`compact_*`, `ours-efficient` as `efficient_*`. Writes DIR/real-length-steps.json. `--merge` joins the rows of
+results measured on one device by separate calls (a short GPU session may not hold every spec; a later file's row
+replaces an earlier one of the same label), keeps each file's command, and computes the targets again.
 """
 
 from __future__ import annotations
@@ -67,6 +70,13 @@ SPECS: dict[str, tuple[str, str, bool, bool, tuple[str, ...]]] = {
     "trl-head-graph": ("trl", "graph", False, True, ("grpo.finished_rows=keep",)),
     "ours": ("chunked", "graph", True, True, ("grpo.finished_rows=keep",)),
     "ours-compact": ("chunked", "graph", True, True, ("grpo.finished_rows=compact",)),
+    "ours-efficient": (
+        "chunked",
+        "graph",
+        True,
+        True,
+        ("grpo.finished_rows=compact", 'model.sdpa_kernels=["efficient"]'),
+    ),
     "ours-to-cap": ("chunked", "graph", True, False, ()),
 }
 DEFAULT_SHAPES = "0.6b:128x1024,0.6b:64x2048,1.7b-lora:32x1024"
@@ -171,7 +181,7 @@ def targets(rows: list[dict[str, Any]]) -> dict[str, dict[str, float | None]]:
     for shape, specs in by_shape.items():
         cap, user, head = (specs.get(s) or {} for s in ("ours-to-cap", "trl-user", "trl-head-graph"))
         out[shape] = {}
-        for name, prefix in (("ours", ""), ("ours-compact", "compact_")):
+        for name, prefix in (("ours", ""), ("ours-compact", "compact_"), ("ours-efficient", "efficient_")):
             ours = specs.get(name)
             if ours is None:
                 continue

@@ -149,6 +149,7 @@ def test_whole_step_targets_are_the_issue_ratios() -> None:
         row("trl-head-graph", 10.0, 2.0, 3.0, 5.0, 40_000),
         row("ours", 4.0, 1.5, 1.0, 1.5, 40_000),
         row("ours-compact", 3.6, 1.1, 1.0, 1.5, 40_000),
+        row("ours-efficient", 3.0, 1.1, 0.5, 1.0, 40_000),
         row("ours-to-cap", 9.0, 4.0, 2.0, 3.0, 100_000),
         {"label": "0.6b 128x1024 ours", "spec": "ours", "error": "oom"},  # a failed run counts nowhere
     ]
@@ -158,7 +159,9 @@ def test_whole_step_targets_are_the_issue_ratios() -> None:
     assert got["train_allowance"] == pytest.approx(2.5 / (1.3 * 0.4 * 5.0), abs=1e-3)
     assert got["decode_allowance"] == pytest.approx(1.5 / (1.3 * 0.4 * 4.0), abs=1e-3)
     assert got["compact_decode_allowance"] == pytest.approx(1.1 / (1.3 * 0.4 * 4.0), abs=1e-3)
-    assert "compact_valid_share" not in targets(rows[:3] + rows[4:5])["0.6b 128x1024"]
+    assert got["efficient_step_vs_trl_head"] == 0.3
+    assert got["efficient_train_allowance"] == pytest.approx(1.5 / (1.3 * 0.4 * 5.0), abs=1e-3)
+    assert "compact_valid_share" not in targets(rows[:3] + rows[5:6])["0.6b 128x1024"]
 
 
 def test_whole_step_results_of_several_calls_merge_into_one(tmp_path: Path) -> None:
