@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -125,3 +126,24 @@ def test_compaction_moves_along_the_buckets_halvings_whatever_the_active_count()
         for active in range(1, bucket + 1):
             rows = _halved_rows(bucket, active)
             assert rows >= active and (rows == bucket or _halved_rows(rows, active) == rows)
+
+
+def test_a_finished_row_attends_to_its_own_new_slot_only() -> None:
+    from grpo_tui.train.decode_step import step_keys
+
+    length, rows = 10, 3
+    key_valid = torch.ones((rows, length), dtype=torch.bool)
+    key_valid[:, :2] = torch.tensor([[False, True], [True, True], [False, False]])  # left-padded prompts
+    state = SimpleNamespace(
+        key_valid=key_valid,
+        key_index=torch.arange(length),
+        cache_index=torch.tensor(5),
+        finished=torch.tensor([False, True, False]),
+    )
+    allowed = step_keys(state)
+    slots = torch.arange(length)
+    # Unfinished rows: their prompt and every slot written so far, the new one included
+    assert torch.equal(allowed[0], key_valid[0] & (slots <= 5))
+    assert torch.equal(allowed[2], key_valid[2] & (slots <= 5))
+    # The finished row: its new slot alone, so the decode kernel reads one block of its cache
+    assert allowed[1].nonzero().flatten().tolist() == [5]

@@ -156,9 +156,18 @@ def decode_and_take(model: Any, state: DecodeState, dtype: torch.dtype) -> None:
     take_token(state, decode_step(model, state, dtype))
 
 
+def step_keys(state: DecodeState) -> torch.Tensor:
+    """The cache slots each row's new token attends to [R, L]: its prompt and every slot written so far; a
+    finished row only its own new slot. Its token is pad and thrown away, so what it sees does not matter, and
+    grpo_kernels' decode kernel then reads one block of its KV cache, not all of it: rows that ended stop costing
+    attention even where they still fill the bucket (sdpa needs one allowed key per row, hence that slot)."""
+    written = state.key_index <= state.cache_index
+    return state.key_valid & written & ~state.finished[:, None] | (state.key_index == state.cache_index)
+
+
 def decode_step(model: Any, state: DecodeState, dtype: torch.dtype) -> torch.Tensor:
     """One token for every row: feeds `state.tokens`, returns the next logits [R, V]."""
-    allowed = state.key_valid & (state.key_index <= state.cache_index)  # [R, L]
+    allowed = step_keys(state)
     slot = state.cache_index.view(1)
     logits = forward_columns(model, state, state.tokens, state.positions, allowed[:, None], slot, dtype)
     state.positions.add_(1)
