@@ -30,7 +30,7 @@ PASSTHROUGH: dict[tuple[str, ...], Passthrough] = {
         "grpo_tui.tools.bench_memory", "main", "whole-step peak memory and time per loss implementation"
     ),
     ("max-batch",): Passthrough(
-        "grpo_tui.tools.bench_memory", "max_batch_main", "the largest per-device batch that fits a memory cap"
+        "grpo_tui.tools.max_batch", "max_batch_main", "the largest per-device batch that fits a memory cap"
     ),
     ("tune",): Passthrough(
         "grpo_tui.tools.tune", "main", "the fastest batch and memory settings under a memory cap, saved as a preset"

@@ -5,7 +5,8 @@ import json
 import pytest
 
 from grpo_tui.runs.metrics import read_records
-from grpo_tui.tools.bench_memory import _impl_list, _int_list, _summarise, find_max_batch
+from grpo_tui.tools.bench_memory import _impl_list, _int_list, _summarise
+from grpo_tui.tools.max_batch import find_max_batch
 
 
 @pytest.mark.parametrize("capacity", [0, 8, 24, 64, 72, 1000, 4096])
@@ -86,12 +87,64 @@ def test_memory_cap_env_is_validated_and_ignored_on_cpu(monkeypatch):
 )
 def test_bad_preset_is_one_line_before_any_trial(argv, message, tmp_path, capsys, monkeypatch):
     from grpo_tui.cli import main
-    from grpo_tui.tools import bench_memory
+    from grpo_tui.tools import bench_memory, max_batch
 
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(bench_memory, "run_trial", lambda *a, **k: pytest.fail("a trial ran"))
+    for module in (bench_memory, max_batch):
+        monkeypatch.setattr(module, "run_trial", lambda *a, **k: pytest.fail("a trial ran"))
     with pytest.raises(SystemExit) as exit_info:
         main(argv)
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0] and "Traceback" not in err[0]
+
+
+def _fake_search(tmp_path, monkeypatch, stop_at=None):
+    """max-batch over fake trials: batches up to 48 fit, larger ones run out of memory in the loss phase; the
+    search is stopped (KeyboardInterrupt, as a call's time limit would) when it reaches `stop_at`."""
+    import json
+
+    from grpo_tui.tools import bench_memory, max_batch
+
+    out = tmp_path / "out"
+    ran: list[int] = []
+
+    def fake_trial(preset, impl, batch, **kwargs):
+        if ran:  # every earlier trial is on disk before the next one starts
+            on_disk = json.loads((out / "max-batch.json").read_text())["results"][-1]["trials"]
+            assert [t["batch"] for t in on_disk] == ran
+        if batch == stop_at:
+            raise KeyboardInterrupt
+        ran.append(batch)
+        ok = batch <= 48
+        trial = bench_memory.Trial(
+            impl, batch, ok, peak_gib=batch / 4 if ok else None, oom_phase=None if ok else "loss"
+        )
+        return bench_memory.TrialRun(trial, [])
+
+    monkeypatch.setattr(max_batch, "run_trial", fake_trial)
+    argv = ["tiny-cpu", "--impl", "chunked", "--start", "32", "--multiple", "16", "--out", str(out)]
+    return out, lambda: max_batch.max_batch_main(argv)
+
+
+def test_max_batch_says_why_a_trial_failed_and_reports_the_largest_fit(tmp_path, capsys, monkeypatch):
+    import json
+
+    out, search = _fake_search(tmp_path, monkeypatch)
+    assert search() == 0
+    (entry,) = json.loads((out / "max-batch.json").read_text())["results"]
+    assert entry["max_batch"] == 48 and [t["batch"] for t in entry["trials"]] == [32, 64, 48]
+    printed = capsys.readouterr().out
+    assert "batch    64: does not fit (peak — GiB): OOM in loss" in printed
+    assert "| chunked | 48 |" in (out / "max-batch.md").read_text()
+
+
+def test_max_batch_cut_short_keeps_the_trials_it_ran(tmp_path, monkeypatch):
+    import json
+
+    out, search = _fake_search(tmp_path, monkeypatch, stop_at=48)
+    with pytest.raises(KeyboardInterrupt):
+        search()
+    (entry,) = json.loads((out / "max-batch.json").read_text())["results"]
+    assert entry["max_batch"] is None and [t["batch"] for t in entry["trials"]] == [32, 64]
+    assert "| chunked | searching |" in (out / "max-batch.md").read_text()

@@ -122,7 +122,8 @@ def trial_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, main, argv: list[
 
 @pytest.mark.parametrize("lengths", [None, "realistic", "realistic:5"])
 def test_max_batch_and_bench_memory_pass_the_lengths_to_each_trial(monkeypatch, tmp_path: Path, lengths) -> None:
-    from grpo_tui.tools.bench_memory import main, max_batch_main
+    from grpo_tui.tools.bench_memory import main
+    from grpo_tui.tools.max_batch import max_batch_main
 
     flag = [] if lengths is None else ["--lengths", lengths]
     for tool, argv, stem in (
@@ -159,9 +160,9 @@ def test_tune_passes_the_lengths_to_each_trial(monkeypatch, tmp_path: Path, caps
 
 @pytest.mark.parametrize("tool", ["tune", "max-batch", "bench memory"])
 def test_a_bad_lengths_flag_is_one_argparse_line(tool: str, capsys) -> None:
-    from grpo_tui.tools import bench_memory, tune
+    from grpo_tui.tools import bench_memory, max_batch, tune
 
-    main = {"tune": tune.main, "max-batch": bench_memory.max_batch_main, "bench memory": bench_memory.main}[tool]
+    main = {"tune": tune.main, "max-batch": max_batch.max_batch_main, "bench memory": bench_memory.main}[tool]
     with pytest.raises(SystemExit) as exc:
         main(["tiny-cpu", *(["--memory-cap", "8"] if tool == "tune" else []), "--lengths", "x"])
     assert exc.value.code == 2

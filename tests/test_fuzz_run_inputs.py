@@ -200,8 +200,8 @@ def test_fuzz_lengths_flag_of_the_tools(raw: str, tool: str) -> None:
 
     parsers = {
         "tune": tune.build_parser,
-        "max-batch": lambda: bench_memory._common_parser("grpo-tui max-batch", ""),
-        "bench memory": lambda: bench_memory._common_parser("grpo-tui bench memory", ""),
+        "max-batch": lambda: bench_memory.common_parser("grpo-tui max-batch", ""),
+        "bench memory": lambda: bench_memory.common_parser("grpo-tui bench memory", ""),
     }
     argv = ["tiny-cpu", f"--lengths={raw}", *(["--memory-cap", "8"] if tool == "tune" else [])]
     err = io.StringIO()

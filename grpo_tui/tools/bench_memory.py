@@ -1,4 +1,5 @@
-"""End-to-end memory benchmarks through the real runner: `grpo-tui bench memory` and `grpo-tui max-batch`.
+"""End-to-end memory benchmarks through the real runner: `grpo-tui bench memory`, and the trials that
+`grpo-tui max-batch` (`tools.max_batch`) and `tune` run.
 
 Each trial is a fresh `grpo-tui run PRESET --headless` subprocess (so allocator state never leaks
 between trials) with `--set` overrides for the batch and the loss implementation; the numbers come
@@ -153,7 +154,7 @@ def run_trial(
     return TrialRun(trial, step_records(records))
 
 
-def _environment() -> dict[str, Any]:
+def environment_info() -> dict[str, Any]:
     info: dict[str, Any] = {"python": platform.python_version(), "host": platform.node()}
     try:
         import torch
@@ -174,8 +175,8 @@ def _table(trials: list[Trial], lengths: str) -> str:
     head = "| impl | batch | peak GiB | " + " | ".join(f"{p} GiB" for p in PHASES) + " | step s | status |"
     rows = [head, "|" + "---|" * (len(PHASES) + 5)]
     for t in trials:
-        cells = [t.impl, str(t.batch), _fmt(t.peak_gib)] + [_fmt(t.phases_gib.get(p)) for p in PHASES]
-        cells += [_fmt(t.step_s), "ok" if t.ok else f"OOM in {t.oom_phase}" if t.oom_phase else "failed"]
+        cells = [t.impl, str(t.batch), fmt_gib(t.peak_gib)] + [fmt_gib(t.phases_gib.get(p)) for p in PHASES]
+        cells += [fmt_gib(t.step_s), "ok" if t.ok else f"OOM in {t.oom_phase}" if t.oom_phase else "failed"]
         rows.append("| " + " | ".join(cells) + " |")
     return "\n".join([*rows, "", lengths_line(lengths)])
 
@@ -186,7 +187,7 @@ def lengths_line(lengths: str) -> str:
     return f"completion lengths: {lengths} ({how})"
 
 
-def _fmt(value: float | None) -> str:
+def fmt_gib(value: float | None) -> str:
     return "—" if value is None else f"{value:.2f}"
 
 
@@ -223,7 +224,7 @@ def plot_memory(trials: list[Trial], path: Path, title: str) -> bool:
     return True
 
 
-def _common_parser(prog: str, description: str) -> argparse.ArgumentParser:
+def common_parser(prog: str, description: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog, description=description)
     parser.add_argument("preset", help="preset name or path to a .toml")
     parser.add_argument("--impl", type=_impl_list, default=list(LOSS_IMPLS), help="e.g. chunked,naive,trl")
@@ -235,7 +236,7 @@ def _common_parser(prog: str, description: str) -> argparse.ArgumentParser:
     return parser
 
 
-def _write(out: Path, stem: str, payload: dict[str, Any], table: str) -> None:
+def write_report(out: Path, stem: str, payload: dict[str, Any], table: str) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{stem}.json").write_text(json.dumps(payload, indent=1))
     (out / f"{stem}.md").write_text(table + "\n")
@@ -243,13 +244,13 @@ def _write(out: Path, stem: str, payload: dict[str, Any], table: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """`grpo-tui bench memory PRESET --batch 8,16,32 --impl chunked,naive,trl`."""
-    parser = _common_parser("grpo-tui bench memory", "Peak memory per phase vs batch size, per loss implementation.")
+    parser = common_parser("grpo-tui bench memory", "Peak memory per phase vs batch size, per loss implementation.")
     parser.add_argument("--batch", type=_int_list, default=[8, 16, 32, 64, 128], help="per-device batches")
     args = parser.parse_args(argv)
-    _checked_or_exit(parser, args.preset, args.sets)
+    checked_or_exit(parser, args.preset, args.sets)
     runs_dir = (args.runs_dir or args.out / "runs").resolve()
     command = "grpo-tui bench memory " + shlex.join(argv if argv is not None else sys.argv[1:])
-    environment = _environment()
+    environment = environment_info()
     trials: list[Trial] = []
     for batch in args.batch:
         for impl in args.impl:
@@ -264,119 +265,21 @@ def main(argv: list[str] | None = None) -> int:
             ).trial
             trials.append(trial)
             print(
-                f"{impl:8s} batch {batch:4d}: peak {_fmt(trial.peak_gib)} GiB, step {_fmt(trial.step_s)} s"
+                f"{impl:8s} batch {batch:4d}: peak {fmt_gib(trial.peak_gib)} GiB, step {fmt_gib(trial.step_s)} s"
                 f"{'' if trial.ok else ' — ' + (trial.oom_phase and 'OOM in ' + trial.oom_phase or trial.reason)}",
                 flush=True,
             )
             # Written after every trial: a long sweep cut short still leaves its results.
             payload = {"command": command, "environment": environment, "lengths": args.lengths}
             payload["records"] = [asdict(t) for t in trials]
-            _write(args.out, "e2e", payload, _table(trials, args.lengths))
+            write_report(args.out, "e2e", payload, _table(trials, args.lengths))
     table = _table(trials, args.lengths)
     plot_memory(trials, args.out / "e2e-memory.png", f"{args.preset}: peak memory vs batch")
     print(table)
     return 0 if any(t.ok for t in trials) else 1
 
 
-def find_max_batch(try_batch, step: int, start: int, limit: int) -> tuple[int, list[int]]:
-    """Largest multiple of `step` in [step, limit] for which `try_batch(b)` is True (monotone: fits below, OOM above).
-
-    Doubles from `start` until a failure, then bisects between the last success and the failure.
-    Returns (best, tried) with best 0 when even `step` fails.
-    """
-    tried: list[int] = []
-
-    def ok(b: int) -> bool:
-        tried.append(b)
-        return try_batch(b)
-
-    lo, hi = 0, None  # lo: largest known good; hi: smallest known bad
-    b = max(step, (start // step) * step)
-    while b <= limit:
-        if ok(b):
-            lo, b = b, b * 2
-        else:
-            hi = b
-            break
-    if hi is None:
-        return lo, tried
-    if lo == 0 and hi > step:
-        lo_probe = step
-        if not ok(lo_probe):
-            return 0, tried
-        lo = lo_probe
-    while hi - lo > step:
-        mid = ((lo + hi) // 2 // step) * step
-        if mid <= lo:
-            break
-        if ok(mid):
-            lo = mid
-        else:
-            hi = mid
-    return lo, tried
-
-
-def max_batch_main(argv: list[str] | None = None) -> int:
-    """`grpo-tui max-batch PRESET [--memory-cap GiB] [--impl chunked,naive]`."""
-    parser = _common_parser("grpo-tui max-batch", "Largest per-device batch that completes a step without OOM.")
-    parser.add_argument(
-        "--memory-cap",
-        type=float,
-        default=None,
-        metavar="GiB",
-        help="cap this process's GPU memory to emulate a smaller card",
-    )
-    parser.add_argument("--start", type=int, default=16, help="first batch tried (default 16)")
-    parser.add_argument("--limit", type=int, default=4096, help="largest batch tried (default 4096)")
-    parser.add_argument(
-        "--multiple",
-        type=int,
-        default=None,
-        help="batches are multiples of this (default: the preset's num_generations)",
-    )
-    args = parser.parse_args(argv)
-    if args.memory_cap is not None and args.memory_cap <= 0:
-        parser.error(f"--memory-cap: got {args.memory_cap}; allowed: a positive number of GiB")
-    step = args.multiple or _checked_or_exit(parser, args.preset, args.sets).grpo.num_generations
-    runs_dir = (args.runs_dir or args.out / "runs").resolve()
-    results = []
-    for impl in args.impl:
-        trials: list[Trial] = []
-
-        def attempt(batch: int, impl: str = impl, trials: list[Trial] = trials) -> bool:
-            trial = run_trial(
-                args.preset,
-                impl,
-                batch,
-                steps=1,
-                runs_dir=runs_dir,
-                extra_sets=args.sets,
-                memory_cap_gib=args.memory_cap,
-                lengths=args.lengths,
-            ).trial
-            trials.append(trial)
-            print(
-                f"{impl:8s} batch {batch:5d}: {'fits' if trial.ok else 'does not fit'}"
-                f" (peak {_fmt(trial.peak_gib)} GiB)",
-                flush=True,
-            )
-            return trial.ok
-
-        best, _ = find_max_batch(attempt, step, args.start, args.limit)
-        results.append(
-            {"impl": impl, "max_batch": best, "memory_cap_gib": args.memory_cap, "trials": [asdict(t) for t in trials]}
-        )
-    command = "grpo-tui max-batch " + shlex.join(argv if argv is not None else sys.argv[1:])
-    payload = {"command": command, "environment": _environment(), "lengths": args.lengths, "results": results}
-    lines = ["| impl | max per-device batch | memory cap GiB |", "|---|---|---|"]
-    lines += [f"| {r['impl']} | {r['max_batch']} | {r['memory_cap_gib'] or 'none'} |" for r in results]
-    lines += ["", lengths_line(args.lengths)]
-    _write(args.out, "max-batch", payload, "\n".join(lines))
-    print("\n".join(lines))
-    return 0 if any(r["max_batch"] > 0 for r in results) else 1
-
-
-def _checked_or_exit(parser: argparse.ArgumentParser, preset: str, sets: list[str]) -> Any:
+def checked_or_exit(parser: argparse.ArgumentParser, preset: str, sets: list[str]) -> Any:
     """The preset with the overrides applied, validated before any trial starts (else exit 2)."""
     from grpo_tui.config.schema import PresetError
     from grpo_tui.config.store import load_preset

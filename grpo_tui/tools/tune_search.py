@@ -138,7 +138,7 @@ class TuneSearch:
         return self.result
 
     def _search(self) -> None:
-        from grpo_tui.tools.bench_memory import find_max_batch
+        from grpo_tui.tools.max_batch import find_max_batch
 
         start = min(self.limit, max(self.step, self.base.get(BATCH) or self.step))
         best_batch, _ = find_max_batch(lambda b: self.trial("batch", {BATCH: b}).fits, self.step, start, self.limit)
