@@ -102,8 +102,6 @@ def test_bad_preset_is_one_line_before_any_trial(argv, message, tmp_path, capsys
 def _fake_search(tmp_path, monkeypatch, stop_at=None):
     """max-batch over fake trials: batches up to 48 fit, larger ones run out of memory in the loss phase; the
     search is stopped (KeyboardInterrupt, as a call's time limit would) when it reaches `stop_at`."""
-    import json
-
     from grpo_tui.tools import bench_memory, max_batch
 
     out = tmp_path / "out"
@@ -128,8 +126,6 @@ def _fake_search(tmp_path, monkeypatch, stop_at=None):
 
 
 def test_max_batch_says_why_a_trial_failed_and_reports_the_largest_fit(tmp_path, capsys, monkeypatch):
-    import json
-
     out, search = _fake_search(tmp_path, monkeypatch)
     assert search() == 0
     (entry,) = json.loads((out / "max-batch.json").read_text())["results"]
@@ -140,8 +136,6 @@ def test_max_batch_says_why_a_trial_failed_and_reports_the_largest_fit(tmp_path,
 
 
 def test_max_batch_cut_short_keeps_the_trials_it_ran(tmp_path, monkeypatch):
-    import json
-
     out, search = _fake_search(tmp_path, monkeypatch, stop_at=48)
     with pytest.raises(KeyboardInterrupt):
         search()

@@ -9,7 +9,6 @@ from dataclasses import asdict
 from typing import Any
 
 from grpo_tui.tools.bench_memory import (
-    Trial,
     checked_or_exit,
     common_parser,
     environment_info,
@@ -83,34 +82,26 @@ def max_batch_main(argv: list[str] | None = None) -> int:
     runs_dir = (args.runs_dir or args.out / "runs").resolve()
     command = "grpo-tui max-batch " + shlex.join(argv if argv is not None else sys.argv[1:])
     environment = environment_info()
-    results: list[dict[str, Any]] = []
+    results: list[dict[str, Any]] = []  # one entry per impl, the one searching last (max_batch None until done)
 
-    def report(searching: dict[str, Any] | None = None) -> str:
-        """Written after every trial: a search cut short still leaves its trials (max_batch None: unfinished)."""
-        shown = results + ([searching] if searching else [])
-        payload = {"command": command, "environment": environment, "lengths": args.lengths, "results": shown}
+    def report() -> str:
+        """Written after every trial: a search cut short still leaves its trials."""
+        payload = {"command": command, "environment": environment, "lengths": args.lengths, "results": results}
         lines = ["| impl | max per-device batch | memory cap GiB |", "|---|---|---|"]
         lines += [
             f"| {r['impl']} | {'searching' if r['max_batch'] is None else r['max_batch']} "
             f"| {r['memory_cap_gib'] or 'none'} |"
-            for r in shown
+            for r in results
         ]
         lines += ["", lengths_line(args.lengths)]
         write_report(args.out, "max-batch", payload, "\n".join(lines))
         return "\n".join(lines)
 
     for impl in args.impl:
-        trials: list[Trial] = []
+        entry: dict[str, Any] = {"impl": impl, "max_batch": None, "memory_cap_gib": args.memory_cap, "trials": []}
+        results.append(entry)
 
-        def entry(best: int | None, impl: str = impl, trials: list[Trial] = trials) -> dict[str, Any]:
-            return {
-                "impl": impl,
-                "max_batch": best,
-                "memory_cap_gib": args.memory_cap,
-                "trials": [asdict(t) for t in trials],
-            }
-
-        def attempt(batch: int, impl: str = impl, trials: list[Trial] = trials, entry=entry) -> bool:
+        def attempt(batch: int, impl: str = impl, entry: dict[str, Any] = entry) -> bool:
             trial = run_trial(
                 args.preset,
                 impl,
@@ -121,18 +112,17 @@ def max_batch_main(argv: list[str] | None = None) -> int:
                 memory_cap_gib=args.memory_cap,
                 lengths=args.lengths,
             ).trial
-            trials.append(trial)
+            entry["trials"].append(asdict(trial))
             why = "" if trial.ok else ": " + (f"OOM in {trial.oom_phase}" if trial.oom_phase else trial.reason)
             print(
                 f"{impl:8s} batch {batch:5d}: {'fits' if trial.ok else 'does not fit'}"
                 f" (peak {fmt_gib(trial.peak_gib)} GiB){why}",
                 flush=True,
             )
-            report(entry(None))
+            report()
             return trial.ok
 
-        best, _ = find_max_batch(attempt, step, args.start, args.limit)
-        results.append(entry(best))
+        entry["max_batch"], _ = find_max_batch(attempt, step, args.start, args.limit)
     print(report())
     return 0 if any(r["max_batch"] > 0 for r in results) else 1
 
