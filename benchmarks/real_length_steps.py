@@ -253,6 +253,15 @@ def merge(paths: list[Path]) -> dict[str, Any]:
     return merged
 
 
+def save(result: dict[str, Any], out: Path) -> None:
+    (out / "real-length-steps.json").write_text(json.dumps(result, indent=1) + "\n")
+
+
+def show(result: dict[str, Any]) -> None:
+    print(table(result["rows"]))
+    print(json.dumps(result["targets"], indent=1))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", default="", help="GSM8K-style .jsonl (default: each preset's own data)")
@@ -270,9 +279,8 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as exc:
             parser.error(str(exc))
         args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "real-length-steps.json").write_text(json.dumps(result, indent=1) + "\n")
-        print(table(result["rows"]))
-        print(json.dumps(result["targets"], indent=1))
+        save(result, args.out)
+        show(result)
         return 0
     try:
         shapes = parse_shapes("tiny:8x4" if args.tiny else args.shapes)
@@ -293,7 +301,6 @@ def main(argv: list[str] | None = None) -> int:
         "python": platform.python_version(),
         "rows": [],
     }
-    path = args.out / "real-length-steps.json"
     for shape in shapes:
         model = MODELS[shape[0]][1]
         for spec in specs:
@@ -301,9 +308,8 @@ def main(argv: list[str] | None = None) -> int:
             result["rows"].append(run_row(shape, spec, sets, args.out, args.timeout))
             print(json.dumps(result["rows"][-1]), flush=True)
             result["targets"] = targets(result["rows"])
-            path.write_text(json.dumps(result, indent=1) + "\n")  # after every run: a stopped call keeps its rows
-    print(table(result["rows"]))
-    print(json.dumps(result["targets"], indent=1))
+            save(result, args.out)  # after every run: a stopped call keeps its rows
+    show(result)
     return 0 if all("error" not in r for r in result["rows"]) else 1
 
 
