@@ -52,10 +52,14 @@ STEP_KEYS += ("clip_ratio/region_mean", "clip_ratio/low_min", "clip_ratio/high_m
 LORA = {"enabled": True, "r": 4, "alpha": 8.0, "dropout": 0.0, "target_modules": ["q_proj", "v_proj"]}
 
 
-def train(tmp_path: Path, name: str, impl: str = "chunked", peft: dict | None = None, **grpo: Any) -> Any:
+def train(
+    tmp_path: Path, name: str, impl: str = "chunked", peft: dict | None = None, attn: str | None = None, **grpo: Any
+) -> Any:
     data = tomllib.loads(TINY_PRESET.read_text())
     data["grpo"].update(BASE, **grpo)
     data["loss"]["impl"] = impl
+    if attn is not None:
+        data["model"]["attn_implementation"] = attn
     if peft is not None:
         data["peft"] = peft
     run = RunDir(tmp_path / name)

@@ -243,7 +243,7 @@ from types import SimpleNamespace
 from torch.distributed.fsdp import fully_shard
 from transformers import AutoModelForCausalLM
 from grpo_kernels import fused_linear_grpo_loss
-from grpo_tui.losses.chunked import add_hidden_states_forward, full_head_params, lm_head_of
+from grpo_tui.losses.chunked import add_hidden_states_forward, full_head_params, hidden_states, lm_head_of
 from grpo_tui.train import loss_phase
 from grpo_tui.train import length_groups
 from grpo_tui.train.length_groups import TokenCounts
@@ -268,7 +268,7 @@ class Loss:  # what TRL's compute_loss is to the mixin: one micro-batch's GRPO l
         ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1)
         mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1)
         width = inputs["completion_ids"].size(1)
-        hidden = model(input_ids=ids, attention_mask=mask, return_last_hidden=True)[:, -width - 1 : -1]
+        hidden = hidden_states(model, ids, mask, width, self.packs)
         weight, bias = full_head_params(lm_head_of(model))
         loss, _ = fused_linear_grpo_loss(hidden, weight, inputs["completion_ids"], inputs["completion_mask"],
                                          inputs["advantages"], bias=bias, loss_type="grpo", chunk_tokens=5)
@@ -277,17 +277,18 @@ class Loss:  # what TRL's compute_loss is to the mixin: one micro-batch's GRPO l
 class Probe(loss_phase.LossPhaseMixin, Loss):
     loss_type, importance_sampling_level, top_entropy_quantile, max_completion_length = "grpo", "token", 1.0, 10
     _entropy_bonus_enabled = aux_loss_enabled = False
-    def __init__(self, padding_free):
-        self.padding_free, self.token_counts, self.accelerator = padding_free, TokenCounts(), Accelerator()
+    def __init__(self, padding_free, packs=False):
+        self.padding_free, self.packs, self.token_counts, self.accelerator = padding_free, packs, TokenCounts(), Accelerator()
         self.model, self._metrics = SimpleNamespace(training=True), {"train": {}}
 
-models = [AutoModelForCausalLM.from_pretrained(path).float() for _ in range(2)]
+models = [AutoModelForCausalLM.from_pretrained(path, attn_implementation="sdpa").float() for _ in range(3)]
 for m in models:
     add_hidden_states_forward(m)
-model, ref = models
-for layer in model.model.layers:
-    fully_shard(layer)
-fully_shard(model)
+model, packed, ref = models
+for sharded in (model, packed):
+    for layer in sharded.model.layers:
+        fully_shard(layer)
+    fully_shard(sharded)
 
 g = torch.Generator().manual_seed(100 + rank)  # each rank its own rows and lengths
 B, P, T = 8, 5, 10
@@ -306,12 +307,14 @@ cut = loss_phase.group_inputs
 loss_phase.group_inputs = lambda i, rows, width: seen.append((list(rows), width)) or cut(i, rows, width)
 grouped.compute_loss(model, inputs).backward()  # the groups ran their backwards; this leaf reaches nothing
 loss_phase.group_inputs = cut
+Probe(padding_free=True, packs=True).compute_loss(packed, inputs).backward()  # each group packed
 Probe(padding_free=False).compute_loss(ref, inputs).backward()
-err = 0.0
-for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+err = {"grouped": 0.0, "packed": 0.0}
+for (name, p), pp, q in zip(model.named_parameters(), packed.parameters(), ref.parameters()):
     want = q.grad.clone()
     dist.all_reduce(want)
-    err = max(err, (p.grad.full_tensor() - want / world).abs().max().item())
+    for key, param in (("grouped", p), ("packed", pp)):
+        err[key] = max(err[key], (param.grad.full_tensor() - want / world).abs().max().item())
 json.dump({"groups": seen, "err": err}, open(f"{out}/rank{rank}.json", "w"))
 dist.barrier()
 os._exit(0)  # gloo's threads can abort in the interpreter's teardown on CPU
@@ -319,7 +322,7 @@ os._exit(0)  # gloo's threads can abort in the interpreter's teardown on CPU
 
 
 @pytest.mark.slow
-def test_fsdp2_length_groups_give_the_padded_gradients(tiny_model_path: Path, tmp_path: Path) -> None:
+def test_fsdp2_length_groups_and_packing_give_the_padded_gradients(tiny_model_path: Path, tmp_path: Path) -> None:
     import json
     import subprocess
 
@@ -334,7 +337,7 @@ def test_fsdp2_length_groups_give_the_padded_gradients(tiny_model_path: Path, tm
     results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     for r in results:
         assert len(r["groups"]) == 4 and any(width < 10 for _, width in r["groups"])  # cut on every rank
-        assert r["err"] <= 1e-5
+        assert r["err"]["grouped"] <= 1e-5 and r["err"]["packed"] <= 1e-5
     assert results[0]["groups"] != results[1]["groups"]  # each rank grouped its own lengths
 
 

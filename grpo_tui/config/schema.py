@@ -218,8 +218,9 @@ class GrpoSection(_Section):
     )
     padding_free: bool = Field(
         True,
-        description="Scoring and the loss skip completion padding: rows grouped by length, each group cut after its "
-        "longest completion (same log-probs; false: TRL's padded batches)",
+        description="Scoring and the loss skip padding: rows grouped by length, each group cut after its longest "
+        "completion and, with loss.impl chunked under sdpa, packed into one sequence of real tokens (same log-probs; "
+        "false: TRL's padded batches)",
     )
 
 

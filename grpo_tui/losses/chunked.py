@@ -68,8 +68,13 @@ def _full(param: Any) -> Any:
     return param.full_tensor(grad_placements=[Partial("avg")] * param.device_mesh.ndim)
 
 
-def hidden_states(model: Any, input_ids: Any, attention_mask: Any, logits_to_keep: int) -> Any:
-    """The backbone's last hidden states at the positions that predict the completion: [B, T, H]."""
+def hidden_states(model: Any, input_ids: Any, attention_mask: Any, logits_to_keep: int, packed: bool = False) -> Any:
+    """The backbone's last hidden states at the positions that predict the completion: [B, T, H]. `packed`: the
+    backbone computes the real tokens only (losses/packing.py); padding positions come back 0."""
+    if packed:
+        from grpo_tui.losses.packing import packed_hidden_states
+
+        return packed_hidden_states(model, input_ids, attention_mask, logits_to_keep)
     hidden = model(input_ids=input_ids, attention_mask=attention_mask, return_last_hidden=True)
     return hidden[:, -logits_to_keep - 1 : -1]
 
@@ -126,7 +131,7 @@ class ChunkedLoss(LossImplementation):
 
         from grpo_kernels import selective_logprobs
 
-        hidden = hidden_states(model, input_ids, attention_mask, logits_to_keep)
+        hidden = hidden_states(model, input_ids, attention_mask, logits_to_keep, getattr(trainer, "packs", False))
         weight, bias = full_head_params(lm_head_of(trainer.accelerator.unwrap_model(model)))
         with torch.no_grad():
             out = selective_logprobs(
@@ -154,7 +159,7 @@ class ChunkedLoss(LossImplementation):
         logits_to_keep = completion_ids.size(1)
         accelerator = trainer.accelerator
         with accelerator.autocast():
-            hidden = hidden_states(model, input_ids, attention_mask, logits_to_keep)
+            hidden = hidden_states(model, input_ids, attention_mask, logits_to_keep, getattr(trainer, "packs", False))
         weight, bias = full_head_params(lm_head_of(accelerator.unwrap_model(model)))
 
         mode = "train" if trainer.model.training else "eval"

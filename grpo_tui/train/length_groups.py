@@ -89,11 +89,17 @@ class TokenCounts:
         counts[1] += int(computed)
 
     def add_groups(
-        self, phase: str, prompt_mask: torch.Tensor, completion_mask: torch.Tensor, groups: Sequence[RowGroup]
+        self,
+        phase: str,
+        prompt_mask: torch.Tensor,
+        completion_mask: torch.Tensor,
+        groups: Sequence[RowGroup],
+        packed: bool = False,
     ) -> None:
-        """A forward over `groups` of a batch whose real tokens `prompt_mask` and `completion_mask` mark."""
+        """A forward over `groups` of a batch whose real tokens `prompt_mask` and `completion_mask` mark (`packed`:
+        each group's real tokens only)."""
         valid = torch.stack([prompt_mask.sum(), completion_mask.sum()]).sum().item()
-        self.add(phase, valid, computed_positions(prompt_mask.size(1), groups))
+        self.add(phase, valid, valid if packed else computed_positions(prompt_mask.size(1), groups))
 
     def take(self) -> dict[str, tuple[int, int]]:
         counts, self._counts = self._counts, {}

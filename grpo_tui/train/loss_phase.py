@@ -179,6 +179,7 @@ class LossPhaseMixin:
     loss_sub_batch: int | None = None
     activation_offload: bool = False
     padding_free: bool = False
+    packs: bool = False  # each slice's forward runs packed (the trainer's property)
     offload_manager: contextlib.AbstractContextManager | None = None
 
     def loss_phase_refusal(self) -> str | None:
@@ -204,7 +205,7 @@ class LossPhaseMixin:
         if not torch.is_grad_enabled():
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         groups = self.loss_groups(inputs)
-        self.token_counts.add_groups("loss", inputs["prompt_mask"], inputs["completion_mask"], groups)
+        self.token_counts.add_groups("loss", inputs["prompt_mask"], inputs["completion_mask"], groups, self.packs)
         if len(groups) == 1 and not self.activation_offload:
             # One slice: the Trainer's own backward, on the micro-batch cut after its longest completion.
             part = group_inputs(inputs, groups[0].rows, groups[0].width)

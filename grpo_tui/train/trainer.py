@@ -17,6 +17,7 @@ from trl import GRPOTrainer
 from grpo_tui.config.schema import LOSS_IMPLS
 from grpo_tui.losses import IMPLEMENTATIONS, LossImplError, LossSettings, refusals
 from grpo_tui.losses.base import peft_base
+from grpo_tui.losses.packing import packing_refusal
 from grpo_tui.train.decode_attention import training_attention
 from grpo_tui.train.length_groups import TokenCounts, completion_lengths, computed_positions, length_groups
 from grpo_tui.train.loss_phase import LossPhaseMixin, slice_bounds
@@ -60,6 +61,8 @@ class GrpoTuiTrainer(LossPhaseMixin, GRPOTrainer):
             if self.ref_model is not None:
                 impl.prepare_model(self.ref_model)
         self.check_loss_impl(self.loss_impl)
+        # grpo.padding_free packs the rows where the model allows it (else length groups alone; see `packs`)
+        self.packing_refusal = packing_refusal(peft_base(self.model).config)
         if (refusal := self.loss_phase_refusal()) is not None:
             raise LossImplError(refusal)
         self.rollouts = Rollouts(
@@ -95,6 +98,12 @@ class GrpoTuiTrainer(LossPhaseMixin, GRPOTrainer):
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
         return previous
+
+    @property
+    def packs(self) -> bool:
+        """Whether scoring and the loss run each length group packed (losses/packing.py): grpo.padding_free, our
+        head (it takes the hidden states packing gives back) and a model packing can run."""
+        return self.padding_free and self.loss_impl == "chunked" and self.packing_refusal is None
 
     # ---- phases ----------------------------------------------------------------------------------
     def _generate(self, prompts: list) -> Any:
@@ -205,7 +214,7 @@ class GrpoTuiTrainer(LossPhaseMixin, GRPOTrainer):
             if compute_entropy:
                 entropies[index, : group.width] = part[1]
         valid = attention_mask.sum().item()
-        self.token_counts.add("scoring", valid, computed_positions(prompt_width, groups))
+        self.token_counts.add("scoring", valid, valid if self.packs else computed_positions(prompt_width, groups))
         return logps, entropies, None
 
     def _score(
