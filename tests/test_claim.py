@@ -129,3 +129,26 @@ def test_a_killed_supervisor_leaves_no_stale_claim(tmp_path: Path) -> None:
         assert json.loads(run.lock.read_text())["pid"] == os.getpid()  # the last claimant, this test
     finally:
         os.killpg(run.read_status()["pgid"], signal.SIGKILL)  # the fake trainer does not watch its supervisor
+
+
+def test_a_claimant_racing_the_holders_record_still_names_it(tmp_path: Path) -> None:
+    import fcntl
+    import os
+    import threading
+
+    from grpo_tui.runs import claim
+
+    run = RunDir(tmp_path / "run")
+    run.path.mkdir()
+    run.lock.write_bytes(b"\xff\xfe{not a record")  # a previous holder's bytes, unreadable
+    holder = os.open(run.lock, os.O_RDWR)
+    try:
+        fcntl.flock(holder, fcntl.LOCK_EX | fcntl.LOCK_NB)  # the lock is taken, its record not written yet
+        threading.Timer(0.2, claim._write_holder, (holder, RESUMING)).start()
+        with pytest.raises(PresetError) as info:
+            claim_run(run, RUNNING)
+        assert info.value.lines == [f"{clip(str(run.path))} is being resumed by pid {os.getpid()}"]
+        claim._write_holder(holder, RUNNING)  # a shorter record over a longer one reads whole
+        assert claim._read_holder(holder) == {"pid": os.getpid(), "action": RUNNING}
+    finally:
+        os.close(holder)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import time
 from pathlib import Path
 
 from grpo_tui.config.schema import PresetError
@@ -25,6 +26,8 @@ RUNNING = "run"
 SETTLING = "settled"  # a reader recording the outcome of a run no supervisor drives (status.settle)
 # Largest holder record read back: a pid and a word.
 MAX_HOLDER_BYTES = 256
+# How long a claimant waits for a holder that has the lock but has not written its record yet.
+HOLDER_WAIT_S = 1.0
 
 
 class RunClaim:
@@ -62,6 +65,11 @@ def claim_run(run: RunDir, action: str) -> RunClaim:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         holder = _read_holder(fd)
+        # The holder writes its record just after taking the lock: a claimant racing it may read nothing yet
+        deadline = time.monotonic() + HOLDER_WAIT_S
+        while not holder and time.monotonic() < deadline:
+            time.sleep(0.02)
+            holder = _read_holder(fd)
         os.close(fd)
         raise PresetError([busy_message(run.path, holder)]) from None
     except OSError as exc:
@@ -99,17 +107,19 @@ def busy_message(path: Path, holder: dict[str, object]) -> str:
 
 
 def _write_holder(fd: int, action: str) -> None:
-    # Best effort: on a full disk the lock still holds, only the refusal's pid is missing.
+    # Written over the old record, then cut to its length: a reader never finds the file empty, and its first
+    # line is always one whole record. Best effort: on a full disk the lock holds, only the refusal's pid is missing.
+    record = (json.dumps({"pid": os.getpid(), "action": action}) + "\n").encode()
     try:
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, (json.dumps({"pid": os.getpid(), "action": action}) + "\n").encode(), 0)
+        os.pwrite(fd, record, 0)
+        os.ftruncate(fd, len(record))
     except OSError:
         pass
 
 
 def _read_holder(fd: int) -> dict[str, object]:
     try:
-        data = json.loads(os.pread(fd, MAX_HOLDER_BYTES, 0).decode("utf-8"))
+        data = json.loads(os.pread(fd, MAX_HOLDER_BYTES, 0).split(b"\n", 1)[0].decode("utf-8"))
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}
