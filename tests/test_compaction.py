@@ -147,3 +147,19 @@ def test_a_finished_row_attends_to_its_own_new_slot_only() -> None:
     assert torch.equal(allowed[2], key_valid[2] & (slots <= 5))
     # The finished row: its new slot alone, so the decode kernel reads one block of its cache
     assert allowed[1].nonzero().flatten().tolist() == [5]
+
+
+def test_the_halvings_share_one_compiled_step(decoded: torch.nn.Module) -> None:
+    """Each halving's row count would compile the step again (~25 s each on a GPU): the compacted views mark their
+    rows dynamic, so the bucket's own step and one for every halving are all that compile. Inductor on the CPU."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()  # nothing compiled by earlier tests is reused
+    rows = prompts(37, decoded.config.vocab_size, seed=3)
+    rng = random.Random(2)
+    lengths = [MAX_NEW if i % 9 == 0 else rng.randrange(1, 12) for i in range(len(rows))]
+    compiled = StaticDecoder(use_graph=False, compiled=True, compact=True)
+    got = rollout(compiled, decoded, rows, lengths)
+    assert len(compiled.row_counts) >= 3  # the bucket and at least two halvings
+    assert counters["stats"]["unique_graphs"] == 2
+    assert got.ids == rollout(StaticDecoder(use_graph=False), decoded, rows, lengths).ids

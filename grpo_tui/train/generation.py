@@ -49,6 +49,7 @@ from grpo_tui.train.decode_step import (
     decode_and_take,
     length_is_dynamic,
     prefill,
+    rows_are_dynamic,
     take_token,
 )
 from grpo_tui.train.sampling import Sampling, cut_at_eos, seen_tokens
@@ -231,6 +232,7 @@ class StaticDecoder:
         view = head(self.state, rows)
         if self.compiled:
             length_is_dynamic(view)
+            rows_are_dynamic(view)
         if self.use_graph and rows not in self._graphs and self.state.rows in self._graphs:
             saved = snapshot(view)
             self._capture(model, view)
