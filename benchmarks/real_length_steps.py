@@ -2,7 +2,7 @@
 
     python benchmarks/real_length_steps.py --data GSM8K.jsonl --out DIR [--shapes 0.6b:128x1024,...] [--specs ...]
     python benchmarks/real_length_steps.py --tiny --out DIR          # CPU smoke run (tests)
-    python benchmarks/real_length_steps.py --merge A.json B.json --out DIR   # one result from several calls
+    python benchmarks/real_length_steps.py --merge A.json B.json --out DIR [--specs ...]   # one result from several calls
 
 Each (shape, spec) is a fresh headless run of `--steps` steps (default 3; its row is the mean of steps 2 on: step 1
 compiles) with $GRPO_TUI_COMPLETION_LENGTHS=realistic (grpo_tui/tasks/workload.py: each row's completion ends at a
@@ -29,7 +29,8 @@ Targets, per shape (the `targets` of the result; None where a run is missing):
 with valid share = generated tokens of `ours` / those of `ours-to-cap`; `ours-compact` gets the same ratios as
 `compact_*`, `ours-efficient` as `efficient_*`. Writes DIR/real-length-steps.json. `--merge` joins the rows of
 results measured on one device by separate calls (a short GPU session may not hold every spec; a later file's row
-replaces an earlier one of the same label), keeps each file's command, and computes the targets again.
+replaces an earlier one of the same label; with --specs, only those specs' rows), keeps each file's command, and
+computes the targets again.
 """
 
 from __future__ import annotations
@@ -228,9 +229,10 @@ def _is_row(row: Any) -> bool:
     )
 
 
-def merge(paths: list[Path]) -> dict[str, Any]:
-    """One result from the results of several calls on one device (see the module docstring); ValueError (one
-    line) for a file that is not such a result, or results from different devices."""
+def merge(paths: list[Path], specs: list[str] | None = None) -> dict[str, Any]:
+    """One result from the results of several calls on one device (see the module docstring), only the rows of
+    `specs` where given; ValueError (one line) for a file that is not such a result, or results from different
+    devices."""
     parts = []
     for path in paths:
         try:
@@ -247,7 +249,7 @@ def merge(paths: list[Path]) -> dict[str, Any]:
         raise ValueError(f"--merge: one device per result; got {', '.join(devices)}")
     rows: dict[str, dict[str, Any]] = {}
     for part in parts:
-        rows.update((r["label"], r) for r in part["rows"])
+        rows.update((r["label"], r) for r in part["rows"] if specs is None or r["spec"] in specs)
     merged = {**parts[0], "command": "\n".join(p["command"] for p in parts), "rows": list(rows.values())}
     merged["targets"] = targets(merged["rows"])
     return merged
@@ -273,9 +275,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tiny", action="store_true", help="the smoke run: tiny-cpu at 8x4 on the CPU")
     parser.add_argument("--merge", nargs="+", type=Path, metavar="JSON", help="join the results of several calls")
     args = parser.parse_args(argv)
+    specs = [s.strip() for s in args.specs.split(",") if s.strip()]
+    if not specs or any(s not in SPECS for s in specs):
+        parser.error(f"--specs: got {args.specs!r}; allowed: {', '.join(SPECS)}")
     if args.merge:
         try:
-            result = merge(args.merge)
+            result = merge(args.merge, specs)
         except ValueError as exc:
             parser.error(str(exc))
         args.out.mkdir(parents=True, exist_ok=True)
@@ -286,9 +291,6 @@ def main(argv: list[str] | None = None) -> int:
         shapes = parse_shapes("tiny:8x4" if args.tiny else args.shapes)
     except ValueError as exc:
         parser.error(str(exc))
-    specs = [s.strip() for s in args.specs.split(",") if s.strip()]
-    if not specs or any(s not in SPECS for s in specs):
-        parser.error(f"--specs: got {args.specs!r}; allowed: {', '.join(SPECS)}")
     args.out.mkdir(parents=True, exist_ok=True)
     data = str(Path(args.data).resolve()) if args.data else ""
     device = "cpu" if args.tiny else "cuda"

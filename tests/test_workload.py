@@ -192,6 +192,12 @@ def test_whole_step_results_of_several_calls_merge_into_one(tmp_path: Path) -> N
     got = result["targets"]["0.6b 128x1024"]
     # The later call's `ours` row replaced the earlier one, and the ratios span both calls
     assert got["step_vs_trl_head"] == 0.5 and got["step_vs_trl_user"] == 0.125
+    # --specs keeps those specs' rows only (an earlier call's row of a spec measured before a change is dropped)
+    specs = "trl-user,trl-head-graph,ours-to-cap"
+    assert bench.main(["--merge", str(first), str(second), "--out", str(tmp_path / "kept"), "--specs", specs]) == 0
+    kept = json.loads((tmp_path / "kept" / "real-length-steps.json").read_text())
+    assert sorted(r["spec"] for r in kept["rows"]) == sorted(specs.split(","))
+    assert kept["targets"]["0.6b 128x1024"] == {}
 
 
 @pytest.mark.parametrize(
