@@ -18,6 +18,7 @@ whose completions run to the cap (random weights never emit EOS): the no-padding
     ours-efficient  ours-compact with the training step's attention held to memory-efficient kernels: cuDNN's
                     (torch's choice on Hopper) are planned again for each new sequence length, and grouped rows
                     meet a few new lengths every step (model.sdpa_kernels)
+    ours-compiled   ours-compact with the decoder layers compiled for scoring and the loss (model.compile_layers)
     ours-to-cap     ours with every completion at the cap
 
 Targets, per shape (the `targets` of the result; None where a run is missing):
@@ -27,7 +28,8 @@ Targets, per shape (the `targets` of the result; None where a run is missing):
     decode_allowance   ours generation / (1.3 x valid share x ours-to-cap generation)           <= 1 (no prefill
                        credit here: benchmarks/real_lengths.py times the rollout alone, prefill apart)
 with valid share = generated tokens of `ours` / those of `ours-to-cap`; `ours-compact` gets the same ratios as
-`compact_*`, `ours-efficient` as `efficient_*`. Writes DIR/real-length-steps.json. `--merge` joins the rows of
+`compact_*`, `ours-efficient` as `efficient_*`,
+`ours-compiled` as `compiled_*`. Writes DIR/real-length-steps.json. `--merge` joins the rows of
 results measured on one device by separate calls (a short GPU session may not hold every spec; a later file's row
 replaces an earlier one of the same label; with --specs, only those specs' rows), keeps each file's command, and
 computes the targets again.
@@ -78,6 +80,7 @@ SPECS: dict[str, tuple[str, str, bool, bool, tuple[str, ...]]] = {
         True,
         ("grpo.finished_rows=compact", 'model.sdpa_kernels=["efficient"]'),
     ),
+    "ours-compiled": ("chunked", "graph", True, True, ("grpo.finished_rows=compact", "model.compile_layers=true")),
     "ours-to-cap": ("chunked", "graph", True, False, ()),
 }
 DEFAULT_SHAPES = "0.6b:128x1024,0.6b:64x2048,1.7b-lora:32x1024"
@@ -182,7 +185,12 @@ def targets(rows: list[dict[str, Any]]) -> dict[str, dict[str, float | None]]:
     for shape, specs in by_shape.items():
         cap, user, head = (specs.get(s) or {} for s in ("ours-to-cap", "trl-user", "trl-head-graph"))
         out[shape] = {}
-        for name, prefix in (("ours", ""), ("ours-compact", "compact_"), ("ours-efficient", "efficient_")):
+        for name, prefix in (
+            ("ours", ""),
+            ("ours-compact", "compact_"),
+            ("ours-efficient", "efficient_"),
+            ("ours-compiled", "compiled_"),
+        ):
             ours = specs.get(name)
             if ours is None:
                 continue

@@ -330,6 +330,10 @@ def test_several_bad_sets_give_one_line_each() -> None:
             '[model]\nattn_implementation = "eager"\nsdpa_kernels = ["efficient"]\n',
             "model.sdpa_kernels: applies to model.attn_implementation sdpa, got eager",
         ),
+        (
+            "[model]\ncompile_layers = true\n[distributed]\nfsdp = true\nnum_processes = 2\n",
+            "model.compile_layers: not with distributed.fsdp",
+        ),
     ],
 )
 def test_cross_field_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, expected: str) -> None:

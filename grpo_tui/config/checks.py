@@ -205,6 +205,11 @@ def _check_model(preset: Preset, result: CheckResult) -> None:
             f"model.sdpa_kernels: applies to model.attn_implementation sdpa, got {m.attn_implementation}; "
             "set sdpa or leave sdpa_kernels empty"
         )
+    if m.compile_layers and preset.distributed.fsdp:
+        result.errors.append(
+            "model.compile_layers: not with distributed.fsdp (FSDP's gathers around each layer are not compiled "
+            "here); set one of them false"
+        )
     name = m.name_or_path
     if name.startswith("builtin:"):
         if name.removeprefix("builtin:") not in BUILTIN_MODELS:

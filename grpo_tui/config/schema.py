@@ -86,6 +86,11 @@ class ModelSection(_Section):
         description="The sdpa kernels the run's attention may use, math always as the last resort (empty: "
         "torch's choice; without cudnn no kernel is planned again for each new sequence length)",
     )
+    compile_layers: bool = Field(
+        False,
+        description="Compile each decoder layer with torch.compile for scoring and the loss: norms, rotary and "
+        "activations fused around the GEMMs (one compile per run; not with distributed.fsdp)",
+    )
     trust_remote_code: bool = False
     """Allow a hub model's own Python code (it then runs on this machine)."""
 

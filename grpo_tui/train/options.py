@@ -22,6 +22,7 @@ class TrainerOptions:
     activation_offload: bool = False
     padding_free: bool = False
     sdpa_kernels: tuple[str, ...] = ()  # model.sdpa_kernels: held for the whole step (`training_attention`)
+    compile_layers: bool = False  # model.compile_layers (`layer_compile`)
     profile_dir: str | None = None  # $GRPO_TUI_PROFILE_STEP profiles one step into it; None: no profiling
 
     @classmethod
@@ -38,5 +39,6 @@ class TrainerOptions:
             activation_offload=g.activation_offload,
             padding_free=g.padding_free,
             sdpa_kernels=tuple(preset.model.sdpa_kernels),
+            compile_layers=preset.model.compile_layers,
             profile_dir=profile_dir,
         )

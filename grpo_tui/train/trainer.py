@@ -19,6 +19,7 @@ from grpo_tui.losses import IMPLEMENTATIONS, LossImplError, LossSettings, refusa
 from grpo_tui.losses.base import peft_base
 from grpo_tui.losses.packing import packing_refusal
 from grpo_tui.train.decode_attention import training_attention
+from grpo_tui.train.layer_compile import compile_layers
 from grpo_tui.train.length_groups import TokenCounts, completion_lengths, computed_positions, length_groups
 from grpo_tui.train.loss_phase import LossPhaseMixin, slice_bounds
 from grpo_tui.train.options import TrainerOptions
@@ -60,6 +61,8 @@ class GrpoTuiTrainer(LossPhaseMixin, GRPOTrainer):
             impl.prepare_model(peft_base(self.model))
             if self.ref_model is not None:
                 impl.prepare_model(self.ref_model)
+        if options.compile_layers:
+            compile_layers(self.model, self.ref_model)
         self.check_loss_impl(self.loss_impl)
         # grpo.padding_free packs the rows where the model allows it (else length groups alone; see `packs`)
         self.packing_refusal = packing_refusal(peft_base(self.model).config)
