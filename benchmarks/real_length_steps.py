@@ -28,11 +28,10 @@ Targets, per shape (the `targets` of the result; None where a run is missing):
     decode_allowance   ours generation / (1.3 x valid share x ours-to-cap generation)           <= 1 (no prefill
                        credit here: benchmarks/real_lengths.py times the rollout alone, prefill apart)
 with valid share = generated tokens of `ours` / those of `ours-to-cap`; `ours-compact` gets the same ratios as
-`compact_*`, `ours-efficient` as `efficient_*`,
-`ours-compiled` as `compiled_*`. Writes DIR/real-length-steps.json. `--merge` joins the rows of
-results measured on one device by separate calls (a short GPU session may not hold every spec; a later file's row
-replaces an earlier one of the same label; with --specs, only those specs' rows), keeps each file's command, and
-computes the targets again.
+`compact_*`, `ours-efficient` as `efficient_*`, `ours-compiled` as `compiled_*`. Writes DIR/real-length-steps.json.
+`--merge` joins the rows of results measured on one device by separate calls (a short GPU session may not hold every
+spec; a later file's row replaces an earlier one of the same label; with --specs, only those specs' rows), keeps
+each file's command, and computes the targets again.
 """
 
 from __future__ import annotations

@@ -64,12 +64,10 @@ def claim_run(run: RunDir, action: str) -> RunClaim:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        holder = _read_holder(fd)
         # The holder writes its record just after taking the lock: a claimant racing it may read nothing yet
         deadline = time.monotonic() + HOLDER_WAIT_S
-        while not holder and time.monotonic() < deadline:
+        while not (holder := _read_holder(fd)) and time.monotonic() < deadline:
             time.sleep(0.02)
-            holder = _read_holder(fd)
         os.close(fd)
         raise PresetError([busy_message(run.path, holder)]) from None
     except OSError as exc:

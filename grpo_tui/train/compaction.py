@@ -38,6 +38,18 @@ def head(state: DecodeState, rows: int) -> DecodeState:
     return replace(state, cache=cache, **fields)
 
 
+def rows_are_dynamic(view: DecodeState) -> None:
+    """Mark the row dimension of a compacted view's tensors dynamic for torch.compile: the halvings of a bucket
+    (64, 32, 16, 8 of 128) then share one compiled step, where each row count would compile again (~25 s each on
+    the H100). The bucket's own row count keeps its static step."""
+    mark = torch._dynamo.maybe_mark_dynamic
+    for name in ROW_FIELDS:
+        if getattr(view, name) is not None:
+            mark(getattr(view, name), 0)
+    for tensor in (*view.cache.keys, *view.cache.values):
+        mark(tensor, 0)
+
+
 def move_rows(state: DecodeState, order: torch.Tensor) -> None:
     """Row i of `state` takes the contents of row order[i], for i < len(order) (KV cache up to the slots written)."""
     rows = order.numel()

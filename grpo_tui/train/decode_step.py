@@ -190,16 +190,3 @@ def length_is_dynamic(state: DecodeState) -> None:
         for name in ("keys", "values"):
             if isinstance(getattr(layer, name, None), torch.Tensor):
                 mark(getattr(layer, name), 2)
-
-
-def rows_are_dynamic(state: DecodeState) -> None:
-    """Mark the row dimension of a compacted view's tensors dynamic for torch.compile: the halvings of a bucket
-    (64, 32, 16, 8 of 128) then share one compiled step, where each row count would compile again (~25 s each on
-    the H100). The bucket's own row count keeps its static step; only the fused forward's cache compacts."""
-    mark = torch._dynamo.maybe_mark_dynamic
-    for name in ("tokens", "positions", "key_valid", "out", "finished", "logps", "seen", "stop_after"):
-        tensor = getattr(state, name)
-        if tensor is not None:
-            mark(tensor, 0)
-    for tensor in (*state.cache.keys, *state.cache.values):
-        mark(tensor, 0)

@@ -34,7 +34,7 @@ from typing import Any, NamedTuple
 import torch
 
 from grpo_tui.runs.failures import labelled_failure
-from grpo_tui.train.compaction import RowMap, can_compact, head, restore, snapshot
+from grpo_tui.train.compaction import RowMap, can_compact, head, restore, rows_are_dynamic, snapshot
 from grpo_tui.train.decode_attention import (
     DEFAULT_DECODE_ATTENTION,
     TRITON_DECODE,
@@ -49,7 +49,6 @@ from grpo_tui.train.decode_step import (
     decode_and_take,
     length_is_dynamic,
     prefill,
-    rows_are_dynamic,
     take_token,
 )
 from grpo_tui.train.sampling import Sampling, cut_at_eos, seen_tokens

@@ -26,13 +26,8 @@ def decoder_layers(model: Any) -> list[torch.nn.Module]:
     return [module for module in model.modules() if type(module).__name__ in names]
 
 
-def compile_layers(*models: Any) -> int:
-    """Compile every decoder layer of `models` (None skipped) in place; the number of layers compiled."""
-    count = 0
+def compile_layers(*models: Any) -> None:
+    """Compile every decoder layer of `models` (None skipped) in place."""
     for model in models:
-        if model is None:
-            continue
-        for layer in decoder_layers(model):
+        for layer in decoder_layers(model) if model is not None else ():
             layer.compile(dynamic=True)
-            count += 1
-    return count
