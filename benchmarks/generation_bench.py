@@ -238,7 +238,7 @@ KERNEL_KINDS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("decode attention", ("_split_kernel", "_merge_kernel")),
     ("prefill attention", ("fmha", "flash", "attention", "sdpa")),
     ("GEMM", ("gemm", "nvjet", "cutlass", "xmma", "splitkreduce", "cublas")),
-    ("sampling and log-probs", ("argmax", "exponential", "logsumexp", "amax")),
+    ("sampling and log-probs", ("argmax", "exponential", "logsumexp", "amax", "_token_")),
     ("fused elementwise (torch.compile)", ("triton_",)),
     ("copies and fills", ("memcpy", "memset", "copy", "fill")),
 )

@@ -3,7 +3,8 @@
 #
 # Run from the repository root on a CUDA machine that has torch, triton, transformers, accelerate and
 # peft (the device image), with the missing packages as wheels in .whl/ and GSM8K in .devdata/:
-#   bash benchmarks/gpu_e2e.sh PHASE...     PHASE: tests kernel generation memory memory2 concurrent rollout dashboard profile steps decode fsdp export reallengths
+#   bash benchmarks/gpu_e2e.sh PHASE...     PHASE: tests kernel generation memory memory2 concurrent rollout dashboard profile steps decode sampling fsdp
+#                                       export reallengths
 # Results land in $OUT (default ./gpu-out): one folder per phase plus a log; a table is printed last.
 set -uo pipefail
 if [ $# -eq 0 ] || [ "$1" = "-h" ] || [ "$1" = "--help" ]; then
@@ -189,6 +190,15 @@ for phase in "$@"; do
         --profile-backends graph \
         ${DECODE_ARGS:-} --out "$OUT/decode-1024" > "$OUT/decode-1024.log" 2>&1
       tail -5 "$OUT/decode-1024.log"
+      ;;
+    sampling)
+      # The graph decoder's draws against generate's (GRPOConfig's default sampling, bf16): >= 512 completions each,
+      # the mean log-prob of the sampled tokens and the length distribution (sampling_check.py), and both backends'
+      # tokens/s at 16 rows.
+      build_model || exit 1
+      timeout ${SAMPLING_TIMEOUT:-150} python3 benchmarks/generation_bench.py --data "$GSM8K" --budget-s 130 \
+        --backends graph,generate --batches 16 --out "$OUT/sampling" > "$OUT/sampling.log" 2>&1
+      tail -6 "$OUT/sampling.log"
       ;;
     fsdp)
       # Whole steps of the FSDP + LoRA preset (Qwen3-1.7B shape, 1 process) per rollout path: FSDP2 on the decode

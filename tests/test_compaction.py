@@ -59,11 +59,14 @@ def test_positions_count_what_each_decode_step_computed(decoded: torch.nn.Module
     kept, compact = StaticDecoder(use_graph=False), StaticDecoder(use_graph=False, compact=True)
     rollout(kept, decoded, rows, lengths)
     rollout(compact, decoded, rows, lengths)
-    # The prefill's padded prompts, then one position per bucket row and decode step (the first token comes
-    # from the prefill): every row to the end when kept; 8 rows from the first compaction on.
-    assert kept.positions == 16 * width + 16 * (MAX_NEW - 1)
+    # The prefill's prompt tokens (packed on the fused copy: no padding), then one position per bucket row and
+    # decode step (the first token comes from the prefill): every row to the end when kept; 8 rows from the first
+    # compaction on.
+    prompt = sum(map(len, rows))
+    assert prompt < 16 * width
+    assert kept.positions == prompt + 16 * (MAX_NEW - 1)
     assert compact.row_counts == [16, 8]
-    assert 16 * width + 8 * (MAX_NEW - 1) < compact.positions < kept.positions
+    assert prompt + 8 * (MAX_NEW - 1) < compact.positions < kept.positions
 
 
 def test_the_preset_field_turns_compaction_on(tiny_model_path: Path) -> None:
@@ -154,7 +157,8 @@ def test_the_halvings_share_one_compiled_step(decoded: torch.nn.Module) -> None:
     rows dynamic, so the bucket's own step and one for every halving are all that compile. Inductor on the CPU."""
     from torch._dynamo.utils import counters
 
-    torch._dynamo.reset()  # nothing compiled by earlier tests is reused
+    torch._dynamo.reset()  # nothing compiled by earlier tests is reused, nor counted
+    counters.clear()
     rows = prompts(37, decoded.config.vocab_size, seed=3)
     rng = random.Random(2)
     lengths = [MAX_NEW if i % 9 == 0 else rng.randrange(1, 12) for i in range(len(rows))]

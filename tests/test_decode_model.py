@@ -143,3 +143,45 @@ def test_the_kv_cache_is_one_tensor_pair_per_layer_and_resets_to_zero(tiny_model
     cache.keys[1].fill_(float("nan"))
     cache.reset()
     assert all(not t.any() for t in (*cache.keys, *cache.values))
+
+
+def both_prefills(decoded: torch.nn.Module, prompts: list[list[int]]):
+    """The packed prefill and the padded one (column chunks) of the same left-padded prompts on one bucket:
+    (logits, cache keys and values) of each, and the valid mask [R, P]."""
+    from grpo_tui.train import decode_step
+
+    decoder = StaticDecoder(use_graph=False)
+    with torch.no_grad():
+        decoder.generate(decoded, prompts, 1, EOS, PAD, Sampling(greedy=True))  # fits the bucket
+        state, device = decoder.state, decoded.device
+        width = max(map(len, prompts))
+        ids = torch.full((state.rows, width), PAD, device=device)
+        mask = torch.zeros((state.rows, width), dtype=torch.bool, device=device)
+        for row, prompt in enumerate(prompts):
+            ids[row, width - len(prompt) :] = torch.tensor(prompt)
+            mask[row, width - len(prompt) :] = True
+        results = []
+        for packed in (True, False):
+            state.cache.reset()
+            if packed:
+                logits = decode_step.prefill(decoded, state, ids, mask, decoded.dtype)
+            else:
+                positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
+                logits = decode_step._prefill_in_columns(decoded, state, ids, mask, positions, decoded.dtype)
+            cache = torch.stack([*state.cache.keys, *state.cache.values])[:, :, :, :width]  # [2 layers, R, H, P, D]
+            results.append((logits, cache.clone()))
+    return *results, mask
+
+
+def test_the_packed_prefill_writes_and_scores_what_the_padded_one_does(tiny_model_path: Path) -> None:
+    torch.set_num_threads(1)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32).eval()
+    prompts = [*PROMPTS, [5] * 9, [7]]  # 10 rows in a bucket of 16: filler rows with no prompt
+    (packed, packed_cache), (padded, padded_cache), mask = both_prefills(on_copy(model)[1], prompts)
+    real = mask[: len(prompts)]
+    torch.testing.assert_close(packed[: len(prompts)], padded[: len(prompts)], rtol=1e-5, atol=1e-5)
+    assert not packed[len(prompts) :].any()  # filler rows: zeros, finite
+    valid = mask[None, :, None, :, None].expand_as(packed_cache)
+    torch.testing.assert_close(packed_cache[valid], padded_cache[valid], rtol=1e-5, atol=1e-5)
+    assert not packed_cache[~valid].any()  # padding slots keep the reset's zeros
+    assert real.sum() < real.numel()  # the prompts were padded: there was padding to leave out

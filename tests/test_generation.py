@@ -173,23 +173,15 @@ def test_the_cache_is_as_long_as_the_rollout_needs(model: torch.nn.Module) -> No
     assert all(layer.keys.size(2) == width + MAX_NEW for layer in decoder.state.cache.layers)
 
 
-@pytest.mark.parametrize("forward", ["transformers", "fused"])
 @pytest.mark.parametrize("tokens, min_columns", [(1, 1), (1, 4), (9, 1)])
-def test_a_prefill_in_column_chunks_matches_generate(
-    model: torch.nn.Module, monkeypatch, tokens, min_columns, forward
-) -> None:
-    # The prompt goes through in chunks of columns (bounding the prefill's transient memory); each chunk writes
-    # where the last stopped, and the tokens are generate's
+def test_a_prefill_in_column_chunks_matches_generate(model: torch.nn.Module, monkeypatch, tokens, min_columns) -> None:
+    # transformers' forward takes the prompt in chunks of columns (bounding the prefill's transient memory); each
+    # chunk writes where the last stopped, and the tokens are generate's
     monkeypatch.setattr(decode_step, "PREFILL_TOKENS", tokens)
     monkeypatch.setattr(decode_step, "PREFILL_MIN_COLUMNS", min_columns)
     decoder = StaticDecoder(use_graph=False)
     prefills: list[list[int]] = []  # the columns of each forward, per prefill call
     real_prefill, real_forward = generation.prefill, decode_step.forward_columns
-    decoded = model
-    if forward == "fused":  # our own forward, on the fused copy
-        from test_decode_model import on_copy  # (it imports this module)
-
-        decoded = on_copy(model)[1]
 
     def recording_prefill(*args):
         prefills.append([])
@@ -204,11 +196,46 @@ def test_a_prefill_in_column_chunks_matches_generate(
             monkeypatch.setattr(decode_step, "forward_columns", real_forward)
 
     monkeypatch.setattr(generation, "prefill", recording_prefill)
-    got = decode(decoder, decoded, EOS, Sampling(greedy=True))
+    got = decode(decoder, model, EOS, Sampling(greedy=True))
     assert got == reference(model, PROMPTS, EOS, do_sample=False)
     width, columns = max(map(len, PROMPTS)), decode_step.prefill_columns(decoder.state.rows)
     assert columns == max(min_columns, tokens // decoder.state.rows)
     assert prefills[-1] == [min(columns, width - start) for start in range(0, width, columns)]
+
+
+@pytest.mark.parametrize("pack_tokens", [1, 9, 8192])
+def test_the_fused_copy_prefills_whole_prompts_without_padding(
+    model: torch.nn.Module, monkeypatch, pack_tokens: int
+) -> None:
+    # On the fused copy the prompts go through with no padding, whole rows up to PREFILL_PACK_TOKENS a forward
+    # (a longer row alone); the bucket's filler rows (11 prompts in 16 rows) in no forward; the tokens are generate's
+    from test_decode_model import on_copy  # (it imports this module)
+
+    from grpo_tui.train import decode_model
+
+    monkeypatch.setattr(decode_step, "PREFILL_PACK_TOKENS", pack_tokens)
+    prompts = PROMPTS + PROMPTS[:3]
+    packs: list[list[int]] = []  # the tokens of each packed forward
+    real = decode_model.prefill_packed
+
+    def recording(fused, cache, ids, *args):
+        packs.append(ids.tolist())
+        return real(fused, cache, ids, *args)
+
+    monkeypatch.setattr(decode_step, "fused_prefill", recording)
+    monkeypatch.setattr(decode_step, "_prefill_in_columns", None)  # the padded path is not taken
+    decoder = StaticDecoder(use_graph=False)
+    got = decode(decoder, on_copy(model)[1], EOS, Sampling(greedy=True), prompts)
+    assert got == reference(model, prompts, EOS, do_sample=False)
+    assert decoder.state.rows == 16 and [t for pack in packs for t in pack] == [t for p in prompts for t in p]
+    expected, tokens = [], pack_tokens
+    for prompt in prompts:
+        if tokens + len(prompt) > pack_tokens:
+            expected.append(0)
+            tokens = 0
+        expected[-1] += len(prompt)
+        tokens += len(prompt)
+    assert [len(pack) for pack in packs] == expected
 
 
 def test_other_sampling_settings_get_a_bucket_of_their_own(model: torch.nn.Module) -> None:
@@ -437,6 +464,8 @@ def test_benchmark_sorts_kernels_by_kind() -> None:
         "fmha_cutlassF_bf16_aligned_64x64_rf_sm80": "prefill attention",  # sdpa's memory-efficient kernel
         "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64": "GEMM",
         "triton_red_fused__softmax__to_copy__unsafe_view_any_argmax_0": "sampling and log-probs",
+        "_token_slices_kernel": "sampling and log-probs",  # grpo_kernels.token_choice
+        "_token_pick_kernel": "sampling and log-probs",
         "triton_per_fused__to_copy__unsafe_view_add_arange_cat_cos_1": "fused elementwise (torch.compile)",
         "Memcpy HtoD (Pageable -> Device)": "copies and fills",
         "void at::native::elementwise_kernel<128, 4>": "other",
@@ -617,3 +646,43 @@ def test_benchmark_measures_each_batch_after_releasing_the_previous_bucket() -> 
     row = bench.measure(backend, [[5, 6], [7]], 4, [2], torch.device("cpu"))
     assert backend.calls == ["release", 2, 2, 2]  # released before the memory baseline and the three calls
     assert row["tokens_per_s"] > 0 and row["peak_mib"] is None
+
+
+@pytest.fixture
+def token_kernel(monkeypatch):
+    """grpo_kernels' Triton kernels forced on CPU tensors, under the interpreter (the root conftest sets it), the
+    token choice in one small block per row: the interpreter runs a program in milliseconds."""
+    from grpo_kernels import token_choice, triton_ops
+
+    if torch.cuda.is_available() or not (triton_ops.HAS_TRITON and triton_ops.INTERPRET):
+        pytest.skip("needs the Triton interpreter on CPU (tests/gpu run the compiled kernel)")
+    monkeypatch.setattr(triton_ops, "FORCE_BACKEND", "triton")
+    monkeypatch.setattr(token_choice, "QUARTER", 32)
+    monkeypatch.setattr(token_choice, "SPLITS", 1)
+
+
+def test_the_one_pass_token_choice_decodes_as_the_torch_path(tiny_model_path: Path, token_kernel) -> None:
+    # Where grpo_kernels runs and no warper but the temperature is asked, the step's token choice is the kernel's:
+    # greedy, generate's tokens; sampled, one torch seed gives the same rollout again, and each token's log-prob is
+    # what the torch path scores it with (log_softmax(logits / T) at the token)
+    from grpo_tui.train.decode_step import kernel_chooses
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32).eval()
+    assert kernel_chooses(Sampling(temperature=0.9), torch.device("cpu"))
+    assert not kernel_chooses(Sampling(top_k=5), torch.device("cpu"))
+    assert not kernel_chooses(Sampling(repetition_penalty=1.1), torch.device("cpu"))
+    decoder = StaticDecoder(use_graph=False, sdpa_backends=())
+    assert decode(decoder, model, EOS, Sampling(greedy=True)) == reference(model, PROMPTS, EOS, do_sample=False)
+    assert decoder.state.seed is not None
+    sampling = Sampling(temperature=0.9)
+    with torch.no_grad():
+        torch.manual_seed(4)
+        first = decoder.generate(model, PROMPTS, MAX_NEW, EOS, PAD, sampling)
+        torch.manual_seed(4)
+        again = decoder.generate(model, PROMPTS, MAX_NEW, EOS, PAD, sampling)
+    assert first == again and len({tuple(row) for row in first.ids}) > 1
+    for prompt, ids, logps in zip(PROMPTS, first.ids, first.logprobs, strict=True):
+        with torch.no_grad():
+            logits = model(torch.tensor([prompt + ids])).logits[0, len(prompt) - 1 : -1].float() / 0.9
+        expected = torch.log_softmax(logits, -1).gather(1, torch.tensor(ids)[:, None])[:, 0]
+        torch.testing.assert_close(torch.tensor(logps), expected, rtol=1e-4, atol=1e-4)

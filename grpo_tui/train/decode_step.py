@@ -6,23 +6,30 @@ copy, `decode_model.forward` with its own cache.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from grpo_tui.losses.packing import Packing
 from grpo_tui.train.decode_model import PLAIN_OPS, FusedModel, KvCache, compiled_ops
 from grpo_tui.train.decode_model import forward as fused_forward
+from grpo_tui.train.decode_model import prefill_packed as fused_prefill
 from grpo_tui.train.sampling import Sampling, choose_tokens, token_logps
 
-# Prompt tokens per prefill forward (rows x columns), at least PREFILL_MIN_COLUMNS columns. The prefill's
-# activations (~53 KiB a token on the H200, `benchmarks/generation_bench.py`) scale with it and come on top of the full static cache, where
-# generate's prefill runs beside a prompt-sized one: one forward of 16 x 128 tokens put the graph's rollout peak
-# above generate's. But each forward is ~1,700 eager kernel launches (~25 ms of host time): 1,024-token chunks
-# at 128 rows (32 forwards) made a 128 x 256 rollout 0.7 s slower, 32-column chunks (8) 0.25 s. 64 columns
-# (4 forwards for 256-token prompts) stay below the ~8 KiB a row and slot that generate's repeat_kv copies.
+# Prompt tokens per prefill forward of transformers' forward (rows x columns), at least PREFILL_MIN_COLUMNS
+# columns. The prefill's activations (~53 KiB a token on the H200, `benchmarks/generation_bench.py`) scale with it
+# and come on top of the full static cache, where generate's prefill runs beside a prompt-sized one: one forward
+# of 16 x 128 tokens put the graph's rollout peak above generate's. But each forward is ~1,700 eager kernel
+# launches (~25 ms of host time): 1,024-token chunks at 128 rows (32 forwards) made a 128 x 256 rollout 0.7 s
+# slower, 32-column chunks (8) 0.25 s. 64 columns (4 forwards for 256-token prompts) stay below the ~8 KiB a row
+# and slot that generate's repeat_kv copies.
 PREFILL_TOKENS = 1024
 PREFILL_MIN_COLUMNS = 64
+# Prompt tokens per forward of the fused copy's packed prefill (whole rows, at least one): its prompts carry no
+# padding, so a forward of them costs what 128 rows x 64 columns of padded prompt cost above, or less.
+PREFILL_PACK_TOKENS = 8192
 
 
 @dataclass
@@ -50,6 +57,7 @@ class DecodeState:
         None  # [R] forced lengths (tasks.workload): the row emits EOS as this token at the latest
     )
     fused: FusedModel | None = None  # the decode copy's fused view: decode with `decode_model.forward`
+    seed: torch.Tensor | None = None  # [1] int64, drawn per rollout: grpo_kernels' token choice (`kernel_chooses`)
 
     @property
     def rows(self) -> int:
@@ -89,14 +97,12 @@ def forward_columns(
     allowed: torch.Tensor,
     slots: torch.Tensor,
     dtype: torch.dtype,
-    visible: int | None = None,
 ) -> torch.Tensor:
     """Feed ids [R, c] at rotary positions [R, c] (their keys and values go to cache slots [c]; each query sees
-    the slots allowed [R, c, L] allows); the fp32 logits [R, V] after the last column, as generate scores them.
-    `visible` (the fused forward only): the queries see the first `visible` slots, `allowed` is [R, c, visible]."""
+    the slots allowed [R, c, L] allows); the logits [R, V] after the last column (the fused forward's in the
+    model's dtype, transformers' in fp32, as generate scores them)."""
     if state.fused is not None:
-        ops = compiled_ops() if visible is not None and ids.is_cuda else PLAIN_OPS
-        return fused_forward(state.fused, state.cache, ids, positions, allowed, slots, visible, ops)
+        return fused_forward(state.fused, state.cache, ids, positions, allowed, slots)
     # transformers' StaticCache advances its own write position by each forward's width
     cache = {state.cache_argument: state.cache}
     mask = _attention_mask(state, allowed[:, None], dtype)
@@ -110,38 +116,96 @@ def prefill_columns(rows: int) -> int:
 
 
 def prefill(model: Any, state: DecodeState, ids: torch.Tensor, mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Write the left-padded prompts ids/mask [R, P] into the reset cache, `prefill_columns` columns per forward;
-    the logits [R, V] after the prompts."""
+    """Write the left-padded prompts ids/mask [R, P] into the reset cache; the logits [R, V] after the prompts.
+    On a fused copy the prompts go without their padding (`prefill_packs`), else `prefill_columns` columns of
+    them per forward."""
     width = ids.size(1)
     state.key_valid.fill_(True)
     state.key_valid[:, :width] = mask
     positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
+    if state.fused is not None:
+        logits = _prefill_packed(state, ids, mask, positions)
+    else:
+        logits = _prefill_in_columns(model, state, ids, mask, positions, dtype)
+    state.positions.copy_(positions[:, -1:] + 1)
+    state.cache_index.fill_(width)
+    return logits
+
+
+def prefill_packs(lengths: list[int]) -> list[list[int]]:
+    """The rows of each packed prefill forward: consecutive rows of prompt `lengths`, up to PREFILL_PACK_TOKENS
+    tokens a forward (one row alone where it is longer); rows with no prompt (a bucket's filler rows) in none."""
+    packs: list[list[int]] = []
+    tokens = PREFILL_PACK_TOKENS
+    for row, length in enumerate(lengths):
+        if length == 0:
+            continue
+        if tokens + length > PREFILL_PACK_TOKENS:
+            packs.append([])
+            tokens = 0
+        packs[-1].append(row)
+        tokens += length
+    return packs
+
+
+def _prefill_packed(state: DecodeState, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    # Each prompt token's keys/values go to its column's slot, as the padded prefill writes them; padding slots
+    # keep the reset's zeros, masked by key_valid. Rows with no prompt get zero logits (they are finished).
+    fused = state.fused
+    logits = ids.new_zeros((ids.size(0), fused.lm_head.size(0)), dtype=fused.lm_head.dtype)
+    columns = torch.arange(ids.size(1), device=ids.device).expand_as(ids)
+    row_ids = torch.arange(ids.size(0), device=ids.device)[:, None].expand_as(ids)
+    lengths = mask.sum(-1).tolist()
+    ops = compiled_ops() if ids.is_cuda else PLAIN_OPS
+    for pack in prefill_packs(lengths):
+        index = torch.tensor(pack, device=ids.device)
+        valid = mask[index]
+        bounds = (0, *itertools.accumulate(lengths[row] for row in pack))
+        cu_seqlens = torch.tensor(bounds, dtype=torch.int32, device=ids.device)
+        packing = Packing(bounds, cu_seqlens, max(lengths[row] for row in pack))
+        tokens = [t[index][valid] for t in (ids, positions, row_ids, columns)]
+        logits[index] = fused_prefill(fused, state.cache, *tokens, packing, ops)
+    return logits
+
+
+def _prefill_in_columns(
+    model: Any, state: DecodeState, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, dtype: torch.dtype
+) -> torch.Tensor:
+    width = ids.size(1)
     step = prefill_columns(ids.size(0))
     for start in range(0, width, step):
         end = min(start + step, width)
         query = torch.arange(start, end, device=ids.device)[:, None]  # [c, 1]
-        # The fused forward attends over the slots written so far only; transformers' takes the whole cache.
-        visible = end if state.fused is not None else None
-        keys, valid = state.key_index[:visible], state.key_valid[:, :visible]
+        keys = state.key_index
         # A padding query sees itself, so no row is fully masked (sdpa would return NaN into the cache).
-        allowed = (keys[None, :] <= query) & valid[:, None, :] | (keys[None, :] == query)  # [R, c, visible or L]
+        allowed = (keys[None, :] <= query) & state.key_valid[:, None, :] | (keys[None, :] == query)  # [R, c, L]
         columns = slice(start, end)
-        logits = forward_columns(
-            model, state, ids[:, columns], positions[:, columns], allowed, query[:, 0], dtype, visible
-        )
-    state.positions.copy_(positions[:, -1:] + 1)
-    state.cache_index.fill_(width)
+        logits = forward_columns(model, state, ids[:, columns], positions[:, columns], allowed, query[:, 0], dtype)
     return logits
 
 
 def take_token(state: DecodeState, logits: torch.Tensor) -> None:
     """Choose each row's next token from `logits` [R, V], write it to `out` and `tokens` (its log-prob to `logps`),
     and mark rows that ended."""
-    token = choose_tokens(logits, state.sampling, state.seen)
-    if state.stop_after is not None:
-        token = torch.where(state.step + 1 >= state.stop_after, state.eos[0], token)
+    if state.seed is not None:  # one pass of grpo_kernels' token choice (`kernel_chooses`)
+        from grpo_kernels.token_choice import choose_tokens as kernel_choice
+
+        temperature = state.sampling.temperature
+        token, logp = kernel_choice(logits, state.seed, state.step, temperature, state.sampling.greedy)
+        if state.stop_after is not None:
+            forced = state.step + 1 >= state.stop_after
+            # log-prob of the forced EOS from the chosen token's: both share the row's logsumexp
+            shift = (logits[:, state.eos[0]].float() - logits.gather(1, token[:, None])[:, 0].float()) / temperature
+            logp = torch.where(forced, logp + shift, logp)
+            token = torch.where(forced, state.eos[0], token)
+    else:
+        logits = logits.float()
+        token = choose_tokens(logits, state.sampling, state.seen)
+        if state.stop_after is not None:
+            token = torch.where(state.step + 1 >= state.stop_after, state.eos[0], token)
+        logp = token_logps(logits, token, state.sampling.temperature)
     token = torch.where(state.finished, state.pad_id, token)  # finished rows emit pad
-    logp = token_logps(logits, token, state.sampling.temperature).masked_fill(state.finished, 0.0)
+    logp = logp.masked_fill(state.finished, 0.0)
     state.out.index_copy_(1, state.step, token[:, None])
     state.logps.index_copy_(1, state.step, logp[:, None])
     state.finished |= (token[:, None] == state.eos).any(-1)
@@ -149,6 +213,16 @@ def take_token(state: DecodeState, logits: torch.Tensor) -> None:
         state.seen.scatter_(1, token[:, None], True)
     state.step.add_(1)
     state.tokens.copy_(token[:, None])
+
+
+def kernel_chooses(sampling: Sampling, device: torch.device) -> bool:
+    """Whether the decoder's token choice runs grpo_kernels' one-pass kernel: on its devices, for the argmax or a
+    draw at a temperature with no other warper (GRPOConfig's defaults); top-k, top-p, min-p and the repetition
+    penalty keep the torch path."""
+    from grpo_kernels.triton_ops import HAS_TRITON, use_triton
+
+    plain = not sampling.top_k and sampling.top_p >= 1.0 and sampling.min_p is None
+    return HAS_TRITON and use_triton(device) and plain and sampling.repetition_penalty == 1.0
 
 
 def decode_and_take(model: Any, state: DecodeState, dtype: torch.dtype) -> None:

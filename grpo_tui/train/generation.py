@@ -47,6 +47,7 @@ from grpo_tui.train.decode_step import (
     DecodeState,
     cache_argument,
     decode_and_take,
+    kernel_chooses,
     length_is_dynamic,
     prefill,
     take_token,
@@ -124,9 +125,7 @@ class StaticDecoder:
         self.state: DecodeState | None = None
         self.captures = 0  # graphs captured so far (tests and the benchmark read it)
         self.row_counts: list[int] = []  # the last rollout's rows per stretch of decode steps (compaction shrinks them)
-        self.positions = (
-            0  # token positions the last rollout computed: the prompts' (padded) and every decode step's rows
-        )
+        self.positions = 0  # token positions the last rollout computed: its prefill's and every decode step's rows
         self._model_id: int | None = None
         self._graphs: dict[int, Any] = {}  # rows -> the graph captured on the bucket's first rows
         # (Sampling, eos ids, pad id, lengths forced) the bucket's graph samples with
@@ -183,6 +182,8 @@ class StaticDecoder:
         state.out.fill_(pad_id)
         state.logps.zero_()
         state.step.zero_()
+        if state.seed is not None:  # from torch's generator: torch.manual_seed makes a rollout repeatable
+            state.seed.fill_(int(torch.randint(0, 2**62, ())))
         # The bucket's filler rows are done from the start.
         state.finished.copy_(torch.arange(state.rows, device=device) >= count)
         if state.seen is not None:
@@ -191,7 +192,8 @@ class StaticDecoder:
         rows = RowMap(count, state) if self.compact and can_compact(state) else None
         view, steps = state, max_new_tokens
         self.row_counts = [state.rows]
-        self.positions = count * width
+        # What the prefill computed: the prompts' real tokens on a fused copy (packed), else padded to the widest
+        self.positions = sum(map(len, prompt_ids)) if state.fused is not None else count * width
         for taken in range(1, max_new_tokens + 1):
             if taken == max_new_tokens:
                 break
@@ -288,6 +290,8 @@ class StaticDecoder:
             vocab = fused.lm_head.size(0)
         if forced:
             state.stop_after = torch.zeros(rows, dtype=torch.long, device=device)
+        if kernel_chooses(sampling, device):
+            state.seed = torch.zeros(1, dtype=torch.long, device=device)
         if sampling.repetition_penalty != 1.0:
             state.seen = torch.zeros((rows, vocab + 1), dtype=torch.bool, device=device)
         if self.compiled:

@@ -92,3 +92,21 @@ def test_compiled_prefill_ops_are_the_plain_ones(dtype: torch.dtype) -> None:
             # by rounding; against the same arithmetic in fp32 the compiled result is within torch's own error
             exact = getattr(PLAIN_OPS, name)(*(a.float() if isinstance(a, torch.Tensor) else a for a in args))
             assert (got.float() - exact).abs().max() <= 2 * (plain.float() - exact).abs().max(), name
+
+
+def test_packed_prefill_in_bf16_is_as_close_to_fp32_as_the_padded_one(tiny_model_path: Path) -> None:
+    # bf16 on CUDA: the packed prefill runs torch's variable-length flash attention, the padded one sdpa over a
+    # mask; against the same prompts in fp32 the packed logits and cache are within the padded path's own error
+    from test_decode_model import both_prefills
+
+    prompts = many_prompts(64, load(tiny_model_path, torch.float32).config.vocab_size, seed=4)
+    exact = both_prefills(on_copy(load(tiny_model_path, torch.float32))[1], prompts)
+    half = both_prefills(on_copy(load(tiny_model_path, torch.bfloat16))[1], prompts)
+    mask = exact[2]
+    valid = mask[None, :, None, :, None].expand_as(exact[0][1])
+    for part, name in ((0, "logits"), (1, "cache")):
+        reference = exact[0][part] if part == 0 else exact[0][part][valid]
+        packed, padded = (half[i][part] if part == 0 else half[i][part][valid] for i in (0, 1))
+        packed_error = (packed.float() - reference).abs().max()
+        padded_error = (padded.float() - reference).abs().max()
+        assert packed_error <= 2 * padded_error + 1e-3, (name, packed_error, padded_error)
