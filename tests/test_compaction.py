@@ -152,18 +152,31 @@ def test_a_finished_row_attends_to_its_own_new_slot_only() -> None:
     assert allowed[1].nonzero().flatten().tolist() == [5]
 
 
-def test_the_halvings_share_one_compiled_step(decoded: torch.nn.Module) -> None:
+@pytest.mark.parametrize("token_kernel", [False, True], ids=["torch-choice", "kernel-choice"])
+def test_the_halvings_share_one_compiled_step(decoded: torch.nn.Module, monkeypatch, token_kernel: bool) -> None:
     """Each halving's row count would compile the step again (~25 s each on a GPU): the compacted views mark their
-    rows dynamic, so the bucket's own step and one for every halving are all that compile. Inductor on the CPU."""
+    rows dynamic, so the bucket's own step and one for every halving are all that compile. Inductor on the CPU;
+    also with grpo_kernels' token choice (interpreted), which must not break the graph (forced EOS included)."""
     from torch._dynamo.utils import counters
+
+    if token_kernel:
+        from grpo_kernels import token_choice, triton_ops
+
+        if not (triton_ops.HAS_TRITON and triton_ops.INTERPRET) or torch.cuda.is_available():
+            pytest.skip("needs the Triton interpreter on CPU")
+        monkeypatch.setattr(triton_ops, "FORCE_BACKEND", "triton")
+        monkeypatch.setattr(token_choice, "QUARTER", 32)
+        monkeypatch.setattr(token_choice, "SPLITS", 1)
+    attention = () if token_kernel else None  # sdpa: the attention kernel stays out of the interpreter
 
     torch._dynamo.reset()  # nothing compiled by earlier tests is reused, nor counted
     counters.clear()
     rows = prompts(37, decoded.config.vocab_size, seed=3)
     rng = random.Random(2)
     lengths = [MAX_NEW if i % 9 == 0 else rng.randrange(1, 12) for i in range(len(rows))]
-    compiled = StaticDecoder(use_graph=False, compiled=True, compact=True)
+    compiled = StaticDecoder(use_graph=False, compiled=True, compact=True, sdpa_backends=attention)
     got = rollout(compiled, decoded, rows, lengths)
     assert len(compiled.row_counts) >= 3  # the bucket and at least two halvings
-    assert counters["stats"]["unique_graphs"] == 2
-    assert got.ids == rollout(StaticDecoder(use_graph=False), decoded, rows, lengths).ids
+    assert counters["stats"]["unique_graphs"] == 2 and not counters["graph_break"]
+    assert (compiled.state.seed is not None) == token_kernel
+    assert got.ids == rollout(StaticDecoder(use_graph=False, sdpa_backends=attention), decoded, rows, lengths).ids

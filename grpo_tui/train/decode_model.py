@@ -310,5 +310,5 @@ def prefill_packed(
 
     cos, sin = _rotary(model, positions.view(1, tokens), model.embed.dtype)
     hidden = _decoder_layers(model, F.embedding(ids.view(1, tokens), model.embed), cos, sin, attend, ops)
-    last = torch.tensor(packing.bounds[1:], device=ids.device) - 1
+    last = packing.cu_seqlens[1:].long() - 1  # each row's last token (no host list: nothing waits for the device)
     return _logits(model, hidden[0, last], ops)

@@ -151,20 +151,34 @@ def prefill_packs(lengths: list[int]) -> list[list[int]]:
 def _prefill_packed(state: DecodeState, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     # Each prompt token's keys/values go to its column's slot, as the padded prefill writes them; padding slots
     # keep the reset's zeros, masked by key_valid. Rows with no prompt get zero logits (they are finished).
-    fused = state.fused
+    # Every pack's indices are laid out on the host and go to the device in one copy before the first forward:
+    # an index built on the device (a boolean selection, a host list) would wait for the packs queued before it.
+    fused, device = state.fused, ids.device
+    host = mask.cpu()
+    lengths = host.sum(-1).tolist()
+    packs = prefill_packs(lengths)
+    if not packs:
+        return ids.new_zeros((ids.size(0), fused.lm_head.size(0)), dtype=fused.lm_head.dtype)
+    rows = torch.cat([torch.tensor(pack) for pack in packs])
+    where = host[rows].nonzero()  # (pack row, column) of every prompt token, pack after pack, in row order
+    token_row, token_column = rows[where[:, 0]], where[:, 1]
+    bounds = [(0, *itertools.accumulate(lengths[row] for row in pack)) for pack in packs]
+    cu_seqlens = torch.cat([torch.tensor(b, dtype=torch.int32) for b in bounds])
+    # One transfer: rows, token rows, token columns, cumulative lengths (int32 values, carried as int64)
+    sizes = [len(rows), len(token_row), len(token_row), len(cu_seqlens)]
+    flat = torch.cat([rows, token_row, token_column, cu_seqlens.long()]).to(device)
+    rows, token_row, token_column, cu_seqlens = flat.split(sizes)
+    cu_seqlens = cu_seqlens.int()
+    token_ids, token_positions = ids[token_row, token_column], positions[token_row, token_column]
     logits = ids.new_zeros((ids.size(0), fused.lm_head.size(0)), dtype=fused.lm_head.dtype)
-    columns = torch.arange(ids.size(1), device=ids.device).expand_as(ids)
-    row_ids = torch.arange(ids.size(0), device=ids.device)[:, None].expand_as(ids)
-    lengths = mask.sum(-1).tolist()
     ops = compiled_ops() if ids.is_cuda else PLAIN_OPS
-    for pack in prefill_packs(lengths):
-        index = torch.tensor(pack, device=ids.device)
-        valid = mask[index]
-        bounds = (0, *itertools.accumulate(lengths[row] for row in pack))
-        cu_seqlens = torch.tensor(bounds, dtype=torch.int32, device=ids.device)
-        packing = Packing(bounds, cu_seqlens, max(lengths[row] for row in pack))
-        tokens = [t[index][valid] for t in (ids, positions, row_ids, columns)]
-        logits[index] = fused_prefill(fused, state.cache, *tokens, packing, ops)
+    first_row = first_token = first_bound = 0
+    for pack, bound in zip(packs, bounds, strict=True):
+        taken = slice(first_token, first_token + bound[-1])
+        packing = Packing(bound, cu_seqlens[first_bound : first_bound + len(bound)], max(lengths[r] for r in pack))
+        tokens = (token_ids[taken], token_positions[taken], token_row[taken], token_column[taken])
+        logits[rows[first_row : first_row + len(pack)]] = fused_prefill(fused, state.cache, *tokens, packing, ops)
+        first_row, first_token, first_bound = first_row + len(pack), first_token + bound[-1], first_bound + len(bound)
     return logits
 
 
@@ -187,15 +201,17 @@ def _prefill_in_columns(
 def take_token(state: DecodeState, logits: torch.Tensor) -> None:
     """Choose each row's next token from `logits` [R, V], write it to `out` and `tokens` (its log-prob to `logps`),
     and mark rows that ended."""
-    if state.seed is not None:  # one pass of grpo_kernels' token choice (`kernel_chooses`)
-        from grpo_kernels.token_choice import choose_tokens as kernel_choice
+    if state.seed is not None:  # one pass of grpo_kernels' token choice (`kernel_chooses` said it runs here)
+        import grpo_kernels.token_choice  # noqa: F401 (registers the op, called directly: nothing to trace)
 
         temperature = state.sampling.temperature
-        token, logp = kernel_choice(logits, state.seed, state.step, temperature, state.sampling.greedy)
+        choose = torch.ops.grpo_kernels.choose_tokens
+        token, logp = choose(logits, state.seed, state.step, float(temperature), state.sampling.greedy)
         if state.stop_after is not None:
             forced = state.step + 1 >= state.stop_after
             # log-prob of the forced EOS from the chosen token's: both share the row's logsumexp
-            shift = (logits[:, state.eos[0]].float() - logits.gather(1, token[:, None])[:, 0].float()) / temperature
+            eos = state.eos[:1].expand(logits.size(0), 1)  # a tensor index: no host read inside the graph
+            shift = (logits.gather(1, eos) - logits.gather(1, token[:, None]))[:, 0].float() / temperature
             logp = torch.where(forced, logp + shift, logp)
             token = torch.where(forced, state.eos[0], token)
     else:
@@ -222,7 +238,8 @@ def kernel_chooses(sampling: Sampling, device: torch.device) -> bool:
     from grpo_kernels.triton_ops import HAS_TRITON, use_triton
 
     plain = not sampling.top_k and sampling.top_p >= 1.0 and sampling.min_p is None
-    return HAS_TRITON and use_triton(device) and plain and sampling.repetition_penalty == 1.0
+    plain = plain and sampling.repetition_penalty == 1.0 and sampling.temperature > 0
+    return HAS_TRITON and use_triton(device) and plain
 
 
 def decode_and_take(model: Any, state: DecodeState, dtype: torch.dtype) -> None:

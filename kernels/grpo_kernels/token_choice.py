@@ -4,8 +4,10 @@ chosen token's log-prob under softmax(logits / T).
 The torch path (`grpo_tui.train.sampling`) makes an fp32 copy of the [R, V] logits, a softmax, a tensor of
 exponential noise and a separate logsumexp: at 128 rows and Qwen3's 151,936 tokens, 185 us of a decode step on
 the H100, longer than the step's lm_head GEMM (`benchmarks/results/decode-fused-h100/`). Here each program reads
-one slice of a row once, in the logits' own dtype, and keeps the running max and sum of exp for the logsumexp
-and the best key so far; a second small kernel merges the slices of each row.
+one slice of a row once, in the logits' own dtype. Every lane keeps its own running max, sum of exp and best key
+(one exp2 per column, no reduction per block: a version that reduced each 1,024-column block took 131 us a step,
+bound by the reductions' latency), the lanes meet once at the end of the slice, and a second small kernel merges
+the slices of each row. Everything runs in base 2 (exp2, log2: the fast approximate instructions).
 
 The draw is Gumbel-max: argmax_v (x_v - log E_v) with E_v = -log U_v ~ Exp(1), the exponential race
 torch.multinomial runs for one sample (argmax p_v / E_v), so the choice follows softmax(x) exactly. U comes from
@@ -33,32 +35,35 @@ NUM_WARPS = 8
 # Rows of one step's Philox counters (2**20): with vocabularies below 2**24 the counter of step t stays below 2**64
 # for t < 2**20 decode steps
 ROW_BITS = 20
+LOG2E = 1.4426950408889634
 
 if HAS_TRITON:
 
     @triton.jit
-    def _fold(base, c, bits, hi, temperature, m, s, best_key, best_col, best_x, GREEDY: tl.constexpr):
-        # One block of columns c into the running state: (max, sum of exp(x - max)) of x = logits / T, and the
-        # best key so far with its column and x
+    def _fold(base, c, bits, hi, scale, m, s, best_key, best_col, best_x, GREEDY: tl.constexpr):
+        # Columns c into each lane's running state, elementwise (no reduction per block): the max m and the sum s
+        # of exp2(x - m) of x = logits * log2(e) / T, and the best key so far with its column and x. A lane sees
+        # its columns in increasing order, so a strict > keeps the first of equal keys.
         valid = c < hi
         raw = tl.load(base + c, mask=valid, other=-float("inf")).to(tl.float32)
-        x = raw / temperature
+        x = raw * scale
+        d = x - m
+        bigger = d > 0
+        e = tl.where(x == -float("inf"), 0.0, tl.exp2(-tl.abs(d)))  # -inf against -inf: NaN, kept out
+        s = tl.where(bigger, s * e + 1.0, s + e)
+        m = tl.where(bigger, x, m)
         if GREEDY:
             key = raw  # the argmax of the logits themselves, as torch's
         else:
-            u = uint_to_uniform_float(bits)  # [0, 1): u = 0 gives E = inf, a key of -inf
-            key = x - tl.log(-tl.log(u))
+            # Gumbel in base 2: -log2(-log2 u) is the Gumbel draw over ln 2 plus a constant, so the argmax of
+            # x + it is softmax's draw. u = 0 gives a key of -inf
+            key = x - tl.log2(-tl.log2(uint_to_uniform_float(bits)))
         key = tl.where(valid, key, -float("inf"))
-        m_new = tl.maximum(m, tl.max(x, 0))
-        m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)  # a block of -inf only: keep s at 0, not NaN
-        s = s * tl.exp(m - m_safe) + tl.sum(tl.exp(x - m_safe), 0)
-        top = tl.max(key, 0)
-        at = c == tl.min(tl.where(key == top, c, hi), 0)  # the first column of the block's best key
-        better = top > best_key  # strictly: an earlier block keeps a tie
-        best_col = tl.where(better, tl.sum(tl.where(at, c, 0), 0).to(tl.int64), best_col)
-        best_x = tl.where(better, tl.sum(tl.where(at, x, 0.0), 0), best_x)
-        best_key = tl.where(better, top, best_key)
-        return m_new, s, best_key, best_col, best_x
+        better = key > best_key
+        best_key = tl.where(better, key, best_key)
+        best_col = tl.where(better, c, best_col)
+        best_x = tl.where(better, x, best_x)
+        return m, s, best_key, best_col, best_x
 
     @triton.jit
     def _token_slices_kernel(
@@ -68,13 +73,14 @@ if HAS_TRITON:
         slice_cols,
         seed_ptr,
         step_ptr,
-        temperature,
+        scale,
         part_ptr,
         ROW_BITS: tl.constexpr,
         QUARTER: tl.constexpr,
         GREEDY: tl.constexpr,
     ):
-        # Program (row, slice): columns [slice * slice_cols, ...) of the row; partials (m, s, key, col, x) per slice
+        # Program (row, slice): columns [slice * slice_cols, ...) of the row; partials (m, s, key, col, x) per slice,
+        # in base-2 units
         row = tl.program_id(0).to(tl.int64)
         part = tl.program_id(1)
         parts = tl.num_programs(1)
@@ -85,36 +91,35 @@ if HAS_TRITON:
         # rows (a compacted bucket) never reuses an earlier step's
         counter = ((tl.load(step_ptr) << ROW_BITS) + row) * vocab
         q = tl.arange(0, QUARTER)
-        m = tl.full((), -float("inf"), tl.float32)
-        s = tl.zeros((), tl.float32)
-        best_key = tl.full((), -float("inf"), tl.float32)
-        best_col = tl.zeros((), tl.int64)
-        best_x = tl.full((), -float("inf"), tl.float32)
+        m = tl.full((QUARTER,), -float("inf"), tl.float32)
+        s = tl.zeros((QUARTER,), tl.float32)
+        best_key = tl.full((QUARTER,), -float("inf"), tl.float32)
+        best_col = tl.zeros((QUARTER,), tl.int32)
+        best_x = tl.full((QUARTER,), -float("inf"), tl.float32)
         base = logits_ptr + row * stride_r
         for start in range(lo, hi, 4 * QUARTER):
             c0 = start + q
-            c1 = c0 + QUARTER
-            c2 = c1 + QUARTER
-            c3 = c2 + QUARTER
             r0, r1, r2, r3 = tl.randint4x(seed, counter + c0)
-            m, s, best_key, best_col, best_x = _fold(
-                base, c0, r0, hi, temperature, m, s, best_key, best_col, best_x, GREEDY
-            )
-            m, s, best_key, best_col, best_x = _fold(
-                base, c1, r1, hi, temperature, m, s, best_key, best_col, best_x, GREEDY
-            )
-            m, s, best_key, best_col, best_x = _fold(
-                base, c2, r2, hi, temperature, m, s, best_key, best_col, best_x, GREEDY
-            )
-            m, s, best_key, best_col, best_x = _fold(
-                base, c3, r3, hi, temperature, m, s, best_key, best_col, best_x, GREEDY
-            )
+            m, s, best_key, best_col, best_x = _fold(base, c0, r0, hi, scale, m, s, best_key, best_col, best_x, GREEDY)
+            c1 = c0 + QUARTER
+            m, s, best_key, best_col, best_x = _fold(base, c1, r1, hi, scale, m, s, best_key, best_col, best_x, GREEDY)
+            c2 = c1 + QUARTER
+            m, s, best_key, best_col, best_x = _fold(base, c2, r2, hi, scale, m, s, best_key, best_col, best_x, GREEDY)
+            c3 = c2 + QUARTER
+            m, s, best_key, best_col, best_x = _fold(base, c3, r3, hi, scale, m, s, best_key, best_col, best_x, GREEDY)
+        # The lanes into the slice's partials
+        top_m = tl.max(m, 0)
+        safe = tl.where(top_m == -float("inf"), 0.0, top_m)
+        total = tl.sum(tl.where(m > -float("inf"), s * tl.exp2(m - safe), 0.0), 0)
+        top = tl.max(best_key, 0)
+        col = tl.min(tl.where(best_key == top, best_col, vocab), 0)  # the first column of the best key
+        x_at = tl.max(tl.where(best_col == col, best_x, -float("inf")), 0)
         out = part_ptr + (row * parts + part) * 5
-        tl.store(out, m)
-        tl.store(out + 1, s)
-        tl.store(out + 2, best_key)
-        tl.store(out + 3, best_col.to(tl.float32))  # exact: vocabularies stay below 2**24
-        tl.store(out + 4, best_x)
+        tl.store(out, top_m)
+        tl.store(out + 1, total)
+        tl.store(out + 2, top)
+        tl.store(out + 3, col.to(tl.float32))  # exact: vocabularies stay below 2**24
+        tl.store(out + 4, x_at)
 
     @triton.jit
     def _token_pick_kernel(part_ptr, parts, token_ptr, logp_ptr, PARTS_PAD: tl.constexpr):
@@ -128,11 +133,12 @@ if HAS_TRITON:
         col = tl.load(at + 3, mask=ok, other=0.0)
         x = tl.load(at + 4, mask=ok, other=0.0)
         top = tl.max(m, 0)
-        total = tl.sum(tl.where(m > -float("inf"), s * tl.exp(m - top), 0.0), 0)
+        total = tl.sum(tl.where(m > -float("inf"), s * tl.exp2(m - top), 0.0), 0)
         best = tl.argmax(key, 0)  # the first slice holding the best key: the lowest column, as argmax keeps ties
         pick = p == best
         tl.store(token_ptr + row, tl.sum(tl.where(pick, col, 0.0), 0).to(tl.int64))
-        tl.store(logp_ptr + row, tl.sum(tl.where(pick, x, 0.0), 0) - (top + tl.log(total)))
+        # log_softmax at the token, back from base 2
+        tl.store(logp_ptr + row, (tl.sum(tl.where(pick, x, 0.0), 0) - top - tl.log2(total)) * 0.6931471805599453)
 
 
 @torch.library.custom_op("grpo_kernels::choose_tokens", mutates_args=())
@@ -153,7 +159,7 @@ def _choose_op(
         slice_cols,
         seed,
         step,
-        float(temperature),
+        LOG2E / float(temperature),
         partials,
         ROW_BITS=ROW_BITS,
         QUARTER=QUARTER,
