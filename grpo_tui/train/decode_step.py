@@ -151,34 +151,20 @@ def prefill_packs(lengths: list[int]) -> list[list[int]]:
 def _prefill_packed(state: DecodeState, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     # Each prompt token's keys/values go to its column's slot, as the padded prefill writes them; padding slots
     # keep the reset's zeros, masked by key_valid. Rows with no prompt get zero logits (they are finished).
-    # Every pack's indices are laid out on the host and go to the device in one copy before the first forward:
-    # an index built on the device (a boolean selection, a host list) would wait for the packs queued before it.
-    fused, device = state.fused, ids.device
-    host = mask.cpu()
-    lengths = host.sum(-1).tolist()
-    packs = prefill_packs(lengths)
-    if not packs:
-        return ids.new_zeros((ids.size(0), fused.lm_head.size(0)), dtype=fused.lm_head.dtype)
-    rows = torch.cat([torch.tensor(pack) for pack in packs])
-    where = host[rows].nonzero()  # (pack row, column) of every prompt token, pack after pack, in row order
-    token_row, token_column = rows[where[:, 0]], where[:, 1]
-    bounds = [(0, *itertools.accumulate(lengths[row] for row in pack)) for pack in packs]
-    cu_seqlens = torch.cat([torch.tensor(b, dtype=torch.int32) for b in bounds])
-    # One transfer: rows, token rows, token columns, cumulative lengths (int32 values, carried as int64)
-    sizes = [len(rows), len(token_row), len(token_row), len(cu_seqlens)]
-    flat = torch.cat([rows, token_row, token_column, cu_seqlens.long()]).to(device)
-    rows, token_row, token_column, cu_seqlens = flat.split(sizes)
-    cu_seqlens = cu_seqlens.int()
-    token_ids, token_positions = ids[token_row, token_column], positions[token_row, token_column]
+    fused = state.fused
     logits = ids.new_zeros((ids.size(0), fused.lm_head.size(0)), dtype=fused.lm_head.dtype)
+    columns = torch.arange(ids.size(1), device=ids.device).expand_as(ids)
+    row_ids = torch.arange(ids.size(0), device=ids.device)[:, None].expand_as(ids)
+    lengths = mask.sum(-1).tolist()
     ops = compiled_ops() if ids.is_cuda else PLAIN_OPS
-    first_row = first_token = first_bound = 0
-    for pack, bound in zip(packs, bounds, strict=True):
-        taken = slice(first_token, first_token + bound[-1])
-        packing = Packing(bound, cu_seqlens[first_bound : first_bound + len(bound)], max(lengths[r] for r in pack))
-        tokens = (token_ids[taken], token_positions[taken], token_row[taken], token_column[taken])
-        logits[rows[first_row : first_row + len(pack)]] = fused_prefill(fused, state.cache, *tokens, packing, ops)
-        first_row, first_token, first_bound = first_row + len(pack), first_token + bound[-1], first_bound + len(bound)
+    for pack in prefill_packs(lengths):
+        index = torch.tensor(pack, device=ids.device)
+        valid = mask[index]
+        bounds = (0, *itertools.accumulate(lengths[row] for row in pack))
+        cu_seqlens = torch.tensor(bounds, dtype=torch.int32, device=ids.device)
+        packing = Packing(bounds, cu_seqlens, max(lengths[row] for row in pack))
+        tokens = [t[index][valid] for t in (ids, positions, row_ids, columns)]
+        logits[index] = fused_prefill(fused, state.cache, *tokens, packing, ops)
     return logits
 
 
