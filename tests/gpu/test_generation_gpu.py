@@ -94,11 +94,16 @@ def test_graph_with_lora_adapters_updated_in_place(tiny_model_path: Path, compil
 
 @pytest.mark.parametrize(
     "sampling",
-    [Sampling(temperature=0.8, top_k=30, top_p=0.95, min_p=0.05), Sampling(repetition_penalty=1.3)],
-    ids=["warpers", "repetition"],
+    [
+        Sampling(temperature=0.8, top_k=30, top_p=0.95, min_p=0.05),
+        Sampling(repetition_penalty=1.3),
+        Sampling(temperature=0.9),  # GRPOConfig's kind: grpo_kernels' one-pass token choice
+    ],
+    ids=["warpers", "repetition", "temperature-only"],
 )
 def test_graph_samples_what_the_eager_twin_samples(tiny_model_path: Path, sampling: Sampling) -> None:
-    """The graph holds the sampling too: under the same seed its replays draw the eager twin's tokens."""
+    """The graph holds the sampling too: under the same seed its replays draw the eager twin's tokens (the
+    one-pass kernel reads its seed and step from device tensors, so each replay draws anew)."""
     model = load(tiny_model_path, torch.float32)
     prompts = many_prompts(16, model.config.vocab_size, seed=1)
 
@@ -111,7 +116,7 @@ def test_graph_samples_what_the_eager_twin_samples(tiny_model_path: Path, sampli
     graph = StaticDecoder(use_graph=True)
     got = sampled(graph)
     assert got == sampled(StaticDecoder(use_graph=False))
-    assert graph.captures == 1
+    assert graph.captures == 1 and (graph.state.seed is not None) == (sampling == Sampling(temperature=0.9))
     assert len({tuple(row) for row in got}) > 1  # sampled, not one repeated row
 
 

@@ -1,20 +1,13 @@
-"""grpo_kernels.token_choice compiled on CUDA: Qwen3's vocabulary in bf16, draws against softmax over many rows,
-and the captured decode step drawing what its eager twin draws under one seed."""
+"""grpo_kernels.token_choice compiled on CUDA: Qwen3's vocabulary in bf16 and draws against softmax over many rows
+(the captured decode step drawing what its eager twin draws: tests/gpu/test_generation_gpu.py)."""
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import pytest
 import torch
 
 # tests/ is on sys.path (its conftest.py, pytest's prepend import mode)
-from test_decode_model import on_copy
-from test_generation import EOS, MAX_NEW, PAD
-from test_generation_gpu import load, many_prompts
-
 from grpo_kernels.token_choice import choose_tokens
-from grpo_tui.train.generation import Sampling, StaticDecoder
 
 pytestmark = [
     pytest.mark.gpu,
@@ -44,22 +37,3 @@ def test_draws_follow_softmax_over_many_rows() -> None:
     counts = torch.bincount(token, minlength=5).double()
     expected = probs.double() * rows
     assert ((counts - expected) ** 2 / expected).sum().item() < 18.5  # df 4: p = 1e-3
-
-
-def test_the_captured_step_draws_what_its_eager_twin_draws(tiny_model_path: Path) -> None:
-    model = load(tiny_model_path, torch.float32)
-    _, decoded = on_copy(model)
-    prompts = many_prompts(16, model.config.vocab_size, seed=2)
-    sampling = Sampling(temperature=0.9)  # GRPOConfig's kind: the one-pass kernel chooses
-
-    def sampled(decoder: StaticDecoder) -> list[list[int]]:
-        with torch.no_grad():
-            decoder.generate(decoded, prompts, MAX_NEW, EOS, PAD, sampling)  # fits (and captures) the bucket
-            torch.manual_seed(7)
-            return decoder.generate(decoded, prompts, MAX_NEW, EOS, PAD, sampling).ids
-
-    graph = StaticDecoder(use_graph=True)
-    got = sampled(graph)
-    assert graph.state.seed is not None
-    assert got == sampled(StaticDecoder(use_graph=False))
-    assert len({tuple(row) for row in got}) > 1
