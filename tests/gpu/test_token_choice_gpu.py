@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-# tests/ is on sys.path (its conftest.py, pytest's prepend import mode)
 from grpo_kernels.token_choice import choose_tokens
 
 pytestmark = [
