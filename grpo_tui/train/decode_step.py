@@ -6,13 +6,12 @@ copy, `decode_model.forward` with its own cache.
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from grpo_tui.losses.packing import Packing
+from grpo_tui.losses.packing import pack
 from grpo_tui.train.decode_model import PLAIN_OPS, FusedModel, KvCache, compiled_ops
 from grpo_tui.train.decode_model import forward as fused_forward
 from grpo_tui.train.decode_model import prefill_packed as fused_prefill
@@ -153,18 +152,16 @@ def _prefill_packed(state: DecodeState, ids: torch.Tensor, mask: torch.Tensor, p
     # keep the reset's zeros, masked by key_valid. Rows with no prompt get zero logits (they are finished).
     fused = state.fused
     logits = ids.new_zeros((ids.size(0), fused.lm_head.size(0)), dtype=fused.lm_head.dtype)
-    columns = torch.arange(ids.size(1), device=ids.device).expand_as(ids)
-    row_ids = torch.arange(ids.size(0), device=ids.device)[:, None].expand_as(ids)
     lengths = mask.sum(-1).tolist()
     ops = compiled_ops() if ids.is_cuda else PLAIN_OPS
-    for pack in prefill_packs(lengths):
-        index = torch.tensor(pack, device=ids.device)
+    for pack_rows in prefill_packs(lengths):
+        index = torch.tensor(pack_rows, device=ids.device)
         valid = mask[index]
-        bounds = (0, *itertools.accumulate(lengths[row] for row in pack))
-        cu_seqlens = torch.tensor(bounds, dtype=torch.int32, device=ids.device)
-        packing = Packing(bounds, cu_seqlens, max(lengths[row] for row in pack))
-        tokens = [t[index][valid] for t in (ids, positions, row_ids, columns)]
-        logits[index] = fused_prefill(fused, state.cache, *tokens, packing, ops)
+        tokens, slots, packing = pack(ids[index], valid)  # slots: each token's column in the padded layout
+        rows = index.repeat_interleave(torch.tensor([lengths[row] for row in pack_rows], device=ids.device))
+        logits[index] = fused_prefill(
+            fused, state.cache, tokens[0], positions[index][valid], rows, slots[0], packing, ops
+        )
     return logits
 
 
@@ -187,9 +184,7 @@ def _prefill_in_columns(
 def take_token(state: DecodeState, logits: torch.Tensor) -> None:
     """Choose each row's next token from `logits` [R, V], write it to `out` and `tokens` (its log-prob to `logps`),
     and mark rows that ended."""
-    if state.seed is not None:  # one pass of grpo_kernels' token choice (`kernel_chooses` said it runs here)
-        import grpo_kernels.token_choice  # noqa: F401 (registers the op, called directly: nothing to trace)
-
+    if state.seed is not None:  # one pass of grpo_kernels' token choice (`kernel_chooses` registered its op)
         temperature = state.sampling.temperature
         choose = torch.ops.grpo_kernels.choose_tokens
         token, logp = choose(logits, state.seed, state.step, float(temperature), state.sampling.greedy)
@@ -220,12 +215,11 @@ def take_token(state: DecodeState, logits: torch.Tensor) -> None:
 def kernel_chooses(sampling: Sampling, device: torch.device) -> bool:
     """Whether the decoder's token choice runs grpo_kernels' one-pass kernel: on its devices, for the argmax or a
     draw at a temperature with no other warper (GRPOConfig's defaults); top-k, top-p, min-p and the repetition
-    penalty keep the torch path."""
-    from grpo_kernels.triton_ops import HAS_TRITON, use_triton
+    penalty keep the torch path. Importing the kernel registers the op `take_token` calls, once per bucket."""
+    from grpo_kernels.token_choice import runs_on
 
     plain = not sampling.top_k and sampling.top_p >= 1.0 and sampling.min_p is None
-    plain = plain and sampling.repetition_penalty == 1.0 and sampling.temperature > 0
-    return HAS_TRITON and use_triton(device) and plain
+    return plain and sampling.repetition_penalty == 1.0 and sampling.temperature > 0 and runs_on(device)
 
 
 def decode_and_take(model: Any, state: DecodeState, dtype: torch.dtype) -> None:

@@ -176,9 +176,14 @@ def _(logits, seed, step, temperature, greedy):
     return logits.new_empty(rows, dtype=torch.long), logits.new_empty(rows, dtype=torch.float32)
 
 
+def runs_on(device: torch.device) -> bool:
+    """Whether the kernel runs on tensors of `device` (CUDA, or the interpreter where forced)."""
+    return HAS_TRITON and use_triton(device)
+
+
 def supports(logits: torch.Tensor) -> bool:
-    """Whether `choose_tokens` runs the kernel on these logits (CUDA, or the interpreter where forced)."""
-    return HAS_TRITON and use_triton(logits.device) and logits.dim() == 2 and logits.size(-1) < 2**24
+    """Whether `choose_tokens` runs the kernel on these logits."""
+    return runs_on(logits.device) and logits.dim() == 2 and logits.size(-1) < 2**24
 
 
 def choose_tokens(
