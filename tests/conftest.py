@@ -32,3 +32,23 @@ def tiny_model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.getbasetemp() / "grpo-tui-cache"
     os.environ[CACHE_ENV] = str(root)
     return ensure_tiny_model()
+
+
+@pytest.fixture
+def triton_kernel(monkeypatch):
+    """grpo_kernels' Triton kernels forced on CPU tensors, under the interpreter (TRITON_INTERPRET, set above)."""
+    from grpo_kernels import triton_ops
+
+    if torch.cuda.is_available() or not (triton_ops.HAS_TRITON and triton_ops.INTERPRET):
+        pytest.skip("needs the Triton interpreter on CPU (tests/gpu run the compiled kernel)")
+    monkeypatch.setattr(triton_ops, "FORCE_BACKEND", "triton")
+
+
+@pytest.fixture
+def token_kernel(triton_kernel, monkeypatch):
+    """`triton_kernel`, with the token choice in one small block per row: the interpreter runs a program in
+    milliseconds."""
+    from grpo_kernels import token_choice
+
+    monkeypatch.setattr(token_choice, "QUARTER", 32)
+    monkeypatch.setattr(token_choice, "SPLITS", 1)

@@ -152,22 +152,18 @@ def test_a_finished_row_attends_to_its_own_new_slot_only() -> None:
     assert allowed[1].nonzero().flatten().tolist() == [5]
 
 
-@pytest.mark.parametrize("token_kernel", [False, True], ids=["torch-choice", "kernel-choice"])
-def test_the_halvings_share_one_compiled_step(decoded: torch.nn.Module, monkeypatch, token_kernel: bool) -> None:
+@pytest.mark.parametrize("kernel_choice", [False, True], ids=["torch-choice", "kernel-choice"])
+def test_the_halvings_share_one_compiled_step(
+    decoded: torch.nn.Module, request: pytest.FixtureRequest, kernel_choice: bool
+) -> None:
     """Each halving's row count would compile the step again (~25 s each on a GPU): the compacted views mark their
     rows dynamic, so the bucket's own step and one for every halving are all that compile. Inductor on the CPU;
     also with grpo_kernels' token choice (interpreted), which must not break the graph (forced EOS included)."""
     from torch._dynamo.utils import counters
 
-    if token_kernel:
-        from grpo_kernels import token_choice, triton_ops
-
-        if not (triton_ops.HAS_TRITON and triton_ops.INTERPRET) or torch.cuda.is_available():
-            pytest.skip("needs the Triton interpreter on CPU")
-        monkeypatch.setattr(triton_ops, "FORCE_BACKEND", "triton")
-        monkeypatch.setattr(token_choice, "QUARTER", 32)
-        monkeypatch.setattr(token_choice, "SPLITS", 1)
-    attention = () if token_kernel else None  # sdpa: the attention kernel stays out of the interpreter
+    if kernel_choice:
+        request.getfixturevalue("token_kernel")
+    attention = () if kernel_choice else None  # sdpa: the attention kernel stays out of the interpreter
 
     torch._dynamo.reset()  # nothing compiled by earlier tests is reused, nor counted
     counters.clear()
@@ -178,5 +174,5 @@ def test_the_halvings_share_one_compiled_step(decoded: torch.nn.Module, monkeypa
     got = rollout(compiled, decoded, rows, lengths)
     assert len(compiled.row_counts) >= 3  # the bucket and at least two halvings
     assert counters["stats"]["unique_graphs"] == 2 and not counters["graph_break"]
-    assert (compiled.state.seed is not None) == token_kernel
+    assert (compiled.state.seed is not None) == kernel_choice
     assert got.ids == rollout(StaticDecoder(use_graph=False, sdpa_backends=attention), decoded, rows, lengths).ids

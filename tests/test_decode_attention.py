@@ -9,7 +9,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_generation import EOS, PROMPTS, decode, reference  # tests/ is on sys.path (pytest prepend import mode)
 
-from grpo_kernels import triton_ops
 from grpo_tui.train.decode_attention import (
     DECODE_ATTENTION,
     attention_context,
@@ -58,14 +57,6 @@ def test_folded_heads_sets_and_always_restores_the_implementation(tiny_model_pat
         assert model.config._attn_implementation == DECODE_ATTENTION
         raise RuntimeError("a failed rollout")
     assert model.config._attn_implementation == "sdpa"
-
-
-@pytest.fixture
-def triton_kernel(monkeypatch):
-    """grpo_kernels' Triton kernels forced on CPU tensors, under the interpreter (the root conftest sets it)."""
-    if torch.cuda.is_available() or not (triton_ops.HAS_TRITON and triton_ops.INTERPRET):
-        pytest.skip("needs the Triton interpreter on CPU (tests/gpu run the compiled kernel)")
-    monkeypatch.setattr(triton_ops, "FORCE_BACKEND", "triton")
 
 
 @pytest.fixture

@@ -648,19 +648,6 @@ def test_benchmark_measures_each_batch_after_releasing_the_previous_bucket() -> 
     assert row["tokens_per_s"] > 0 and row["peak_mib"] is None
 
 
-@pytest.fixture
-def token_kernel(monkeypatch):
-    """grpo_kernels' Triton kernels forced on CPU tensors, under the interpreter (the root conftest sets it), the
-    token choice in one small block per row: the interpreter runs a program in milliseconds."""
-    from grpo_kernels import token_choice, triton_ops
-
-    if torch.cuda.is_available() or not (triton_ops.HAS_TRITON and triton_ops.INTERPRET):
-        pytest.skip("needs the Triton interpreter on CPU (tests/gpu run the compiled kernel)")
-    monkeypatch.setattr(triton_ops, "FORCE_BACKEND", "triton")
-    monkeypatch.setattr(token_choice, "QUARTER", 32)
-    monkeypatch.setattr(token_choice, "SPLITS", 1)
-
-
 def test_the_one_pass_token_choice_decodes_as_the_torch_path(tiny_model_path: Path, token_kernel) -> None:
     # Where grpo_kernels runs and no warper but the temperature is asked, the step's token choice is the kernel's:
     # greedy, generate's tokens; sampled, one torch seed gives the same rollout again, and each token's log-prob is

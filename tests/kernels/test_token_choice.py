@@ -16,10 +16,7 @@ from grpo_kernels import triton_ops
 
 
 @pytest.fixture
-def kernel(monkeypatch):
-    if not triton_ops.HAS_TRITON or torch.cuda.is_available():
-        pytest.skip("the interpreter on CPU (tests/gpu run the compiled kernel)")
-    monkeypatch.setattr(triton_ops, "FORCE_BACKEND", "triton")
+def kernel(triton_kernel, monkeypatch):
     monkeypatch.setattr(tc, "QUARTER", 16)
     monkeypatch.setattr(tc, "SPLITS", 4)
 
