@@ -386,6 +386,9 @@ def main(argv: list[str] | None = None) -> int:
                 "new_tokens": new_tokens,
                 **measured,
                 "decode_copy_mib": backend.copy_mib,
+                # the prompts as this machine's tokenizer cut them: the bound below reads their mean
+                "prompt_tokens_mean": sum(map(len, batch)) / rows,
+                "prompt_tokens_max": max(map(len, batch)),
             }
             context = sum(map(len, batch)) / rows + new_tokens / 2
             bound = rows / (step_bytes(model, rows, context) / bandwidth)

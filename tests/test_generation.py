@@ -203,17 +203,19 @@ def test_a_prefill_in_column_chunks_matches_generate(model: torch.nn.Module, mon
     assert prefills[-1] == [min(columns, width - start) for start in range(0, width, columns)]
 
 
-@pytest.mark.parametrize("pack_tokens", [1, 9, 8192])
+@pytest.mark.parametrize("pack_tokens, cache_share", [(1, 0.0), (9, 0.0), (8192, 0.0), (1, 0.5)])
 def test_the_fused_copy_prefills_whole_prompts_without_padding(
-    model: torch.nn.Module, monkeypatch, pack_tokens: int
+    model: torch.nn.Module, monkeypatch, pack_tokens: int, cache_share: float
 ) -> None:
-    # On the fused copy the prompts go through with no padding, whole rows up to PREFILL_PACK_TOKENS a forward
-    # (a longer row alone); the bucket's filler rows (11 prompts in 16 rows) in no forward; the tokens are generate's
+    # On the fused copy the prompts go through with no padding, whole rows up to PREFILL_PACK_TOKENS a forward, or
+    # PREFILL_CACHE_SHARE of the cache's slots where that is more (a longer row alone); the bucket's filler rows
+    # (11 prompts in 16 rows) in no forward; the tokens are generate's
     from test_decode_model import on_copy  # (it imports this module)
 
     from grpo_tui.train import decode_model
 
     monkeypatch.setattr(decode_step, "PREFILL_PACK_TOKENS", pack_tokens)
+    monkeypatch.setattr(decode_step, "PREFILL_CACHE_SHARE", cache_share)
     prompts = PROMPTS + PROMPTS[:3]
     packs: list[list[int]] = []  # the tokens of each packed forward
     real = decode_model.prefill_packed
@@ -228,14 +230,17 @@ def test_the_fused_copy_prefills_whole_prompts_without_padding(
     got = decode(decoder, on_copy(model)[1], EOS, Sampling(greedy=True), prompts)
     assert got == reference(model, prompts, EOS, do_sample=False)
     assert decoder.state.rows == 16 and [t for pack in packs for t in pack] == [t for p in prompts for t in p]
-    expected, tokens = [], pack_tokens
+    budget = max(pack_tokens, int(decoder.state.rows * decoder.state.length * cache_share))
+    expected, tokens = [], budget
     for prompt in prompts:
-        if tokens + len(prompt) > pack_tokens:
+        if tokens + len(prompt) > budget:
             expected.append(0)
             tokens = 0
         expected[-1] += len(prompt)
         tokens += len(prompt)
     assert [len(pack) for pack in packs] == expected
+    if cache_share:  # half of a cache of prompts + completions holds every prompt: one forward
+        assert len(packs) == 1
 
 
 def test_other_sampling_settings_get_a_bucket_of_their_own(model: torch.nn.Module) -> None:

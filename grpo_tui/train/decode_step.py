@@ -27,8 +27,13 @@ from grpo_tui.train.sampling import Sampling, choose_tokens, token_logps
 PREFILL_TOKENS = 1024
 PREFILL_MIN_COLUMNS = 64
 # Prompt tokens per forward of the fused copy's packed prefill (whole rows, at least one): its prompts carry no
-# padding, so a forward of them costs what 128 rows x 64 columns of padded prompt cost above, or less.
+# padding, so a forward of them costs what 128 rows x 64 columns of padded prompt cost above, or less. Where the
+# bucket's cache is large, up to PREFILL_CACHE_SHARE of its slots go in one forward instead: each forward is
+# ~1,000 eager launches and a few waits for the GPU, and a forward's activations (a few KiB a token per layer, freed
+# layer by layer) stay well below the KV cache it fills (112 KiB a slot at Qwen3-0.6B's shape). At 128 GSM8K
+# prompts (~27k tokens) that is one forward instead of four.
 PREFILL_PACK_TOKENS = 8192
+PREFILL_CACHE_SHARE = 0.5
 
 
 @dataclass
@@ -131,15 +136,20 @@ def prefill(model: Any, state: DecodeState, ids: torch.Tensor, mask: torch.Tenso
     return logits
 
 
-def prefill_packs(lengths: list[int]) -> list[list[int]]:
-    """The rows of each packed prefill forward: consecutive rows of prompt `lengths`, up to PREFILL_PACK_TOKENS
-    tokens a forward (one row alone where it is longer); rows with no prompt (a bucket's filler rows) in none."""
+def prefill_pack_tokens(rows: int, length: int) -> int:
+    """Prompt tokens per packed prefill forward for a bucket of `rows` x `length` cache slots."""
+    return max(PREFILL_PACK_TOKENS, int(rows * length * PREFILL_CACHE_SHARE))
+
+
+def prefill_packs(lengths: list[int], budget: int) -> list[list[int]]:
+    """The rows of each packed prefill forward: consecutive rows of prompt `lengths`, up to `budget` tokens a
+    forward (one row alone where it is longer); rows with no prompt (a bucket's filler rows) in none."""
     packs: list[list[int]] = []
-    tokens = PREFILL_PACK_TOKENS
+    tokens = budget
     for row, length in enumerate(lengths):
         if length == 0:
             continue
-        if tokens + length > PREFILL_PACK_TOKENS:
+        if tokens + length > budget:
             packs.append([])
             tokens = 0
         packs[-1].append(row)
@@ -154,7 +164,7 @@ def _prefill_packed(state: DecodeState, ids: torch.Tensor, mask: torch.Tensor, p
     logits = ids.new_zeros((ids.size(0), fused.lm_head.size(0)), dtype=fused.lm_head.dtype)
     lengths = mask.sum(-1).tolist()
     ops = compiled_ops() if ids.is_cuda else PLAIN_OPS
-    for pack_rows in prefill_packs(lengths):
+    for pack_rows in prefill_packs(lengths, prefill_pack_tokens(state.rows, state.length)):
         index = torch.tensor(pack_rows, device=ids.device)
         valid = mask[index]
         tokens, slots, packing = pack(ids[index], valid)  # slots: each token's column in the padded layout
