@@ -95,13 +95,10 @@ def build_padded_tokenizer(vocab_size: int, corpus: list[str]):
     return fast
 
 
-def _corpus(limit: int = 2000) -> list[str]:
-    """Text to learn merges from: GSM8K questions where the shared data set is present, else digits and words."""
-    repo = Path(__file__).resolve().parents[2]
-    path = repo.parent / "shared" / "data" / "gsm8k" / "test.jsonl"
-    if path.exists():
-        lines = path.read_text(encoding="utf-8").splitlines()[:limit]
-        return [json.loads(line)["question"] for line in lines if line.strip()]
+def _corpus() -> list[str]:
+    """Text to learn merges from: fixed sums in words and digits, the same on every machine, so a benchmark's
+    prompts come out the same length wherever the model is built. GSM8K questions come out about three times
+    longer than through merges learned on GSM8K itself (~215 tokens against ~74 at 128 prompts)."""
     return [f"What is {a} plus {b}? The answer is {a + b}." for a in range(100) for b in range(0, 100, 7)]
 
 
