@@ -224,18 +224,23 @@ def main(argv: list[str] | None = None) -> int:
             args.warmup, args.preset, warm_sets, args.out / "runs" / "warmup", args.out / "warmup.log", args.timeout
         )
         print(f"warm-up {args.warmup}: exit {warm['exit']} in {warm['wall_s']} s", flush=True)
-    earlier_rows, commands = [], []
+    earlier_rows, commands, devices = [], [], []
     for earlier in args.rows_from:
         result = json.loads(earlier.read_text())
         earlier_rows += result["rows"]
         commands += result["command"] if isinstance(result["command"], list) else [result["command"]]
+        devices.append(result.get("device"))
+    devices += [json.loads(bench.read_text()).get("device") for bench in args.rollouts]
+    # A merge alone (no spec run here) measured nothing on this machine: its device is the one the merged files name
+    named = " + ".join(dict.fromkeys(d for d in devices if d))
+    device = device_name() if args.specs or not named else named
     steps: list[dict[str, Any]] = []
     rollouts = [row for bench in args.rollouts for row in rollout_rows(bench)]
     command = " ".join(["python", "benchmarks/fsdp_rollouts.py", *(argv if argv is not None else sys.argv[1:])])
     result = {
         "what": "whole steps of the FSDP + LoRA preset per rollout path; rollouts against the bandwidth bound",
         "command": [*commands, command] if commands else command,
-        "device": device_name(),
+        "device": device,
         "python": platform.python_version(),
         "env": {k: v for k, v in os.environ.items() if k in ("GRPO_TUI_CACHE_DIR", "HF_HUB_OFFLINE")},
     }

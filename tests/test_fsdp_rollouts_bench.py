@@ -20,7 +20,11 @@ def test_one_run_and_a_rollout_file_become_rows(tiny_model_path: Path, tmp_path:
     rollout = tmp_path / "generation-bench.json"
     throughput = {"backend": "graph", "batch": 128, "s": 1.1, "tokens_per_s": 30000.0, "bound_tokens_per_s": 88000.0}
     throughput.update(bound_fraction=30000 / 88000, peak_mib=7467.0)
-    rollout.write_text(json.dumps({"model": "qwen3-0.6b-shape (bf16)", "new_tokens": 256, "throughput": [throughput]}))
+    rollout.write_text(
+        json.dumps(
+            {"model": "qwen3-0.6b-shape (bf16)", "device": "GPU-A", "new_tokens": 256, "throughput": [throughput]}
+        )
+    )
     argv = ["--data", "builtin:addition", "--preset", "tiny-cpu", "--model", "builtin:tiny-qwen3"]
     argv += ["--specs", "graph-lora-merged", "--steps", "2", "--batch", "16", "--length", "4", "--out", str(tmp_path)]
     assert bench.main([*argv, "--rollouts", str(rollout)]) == 0
@@ -53,5 +57,8 @@ def test_one_run_and_a_rollout_file_become_rows(tiny_model_path: Path, tmp_path:
     merged = json.loads((later / "fsdp-rollouts.json").read_text())
     assert [r["label"] for r in merged["rows"]] == ["graph-lora-merged", rolled["label"], rolled["label"]]
     assert len(merged["command"]) == 2 and "--rows-from" in merged["command"][1]
+    # A merge alone names the devices of what it merged, not this machine's
+    first = json.loads((tmp_path / "fsdp-rollouts.json").read_text())["device"]
+    assert first != "GPU-A" and merged["device"] == f"{first} + GPU-A"
     with pytest.raises(SystemExit):
         bench.main([*argv[:-2], "--specs", "nope", "--out", str(tmp_path)])
