@@ -168,7 +168,8 @@ def _prefill_packed(state: DecodeState, ids: torch.Tensor, mask: torch.Tensor, p
         index = torch.tensor(pack_rows, device=ids.device)
         valid = mask[index]
         tokens, slots, packing = pack(ids[index], valid)  # slots: each token's column in the padded layout
-        rows = index.repeat_interleave(torch.tensor([lengths[row] for row in pack_rows], device=ids.device))
+        # each token's cache row, from the row lengths pack put on the device (a known size: no wait for it)
+        rows = index.repeat_interleave(packing.cu_seqlens.diff(), output_size=packing.bounds[-1])
         logits[index] = fused_prefill(
             fused, state.cache, tokens[0], positions[index][valid], rows, slots[0], packing, ops
         )
