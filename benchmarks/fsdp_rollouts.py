@@ -128,9 +128,9 @@ def _set_value(sets: list[str], key: str) -> str:
     return next(item.split("=", 1)[1] for item in reversed(sets) if item.startswith(key + "="))
 
 
-def rollout_rows(bench: Path) -> list[dict[str, Any]]:
-    """generation_bench.py's throughput rows as rows of this file (the 0.6B shape, no FSDP, no LoRA)."""
-    result = json.loads(bench.read_text())
+def rollout_rows(bench: Path, result: dict[str, Any]) -> list[dict[str, Any]]:
+    """generation_bench.py's throughput rows (`result`, read from `bench`) as rows of this file (the 0.6B shape,
+    no FSDP, no LoRA)."""
     rows = []
     for r in result["throughput"]:
         new_tokens = r.get("new_tokens", result["new_tokens"])
@@ -230,12 +230,13 @@ def main(argv: list[str] | None = None) -> int:
         earlier_rows += result["rows"]
         commands += result["command"] if isinstance(result["command"], list) else [result["command"]]
         devices.append(result.get("device"))
-    devices += [json.loads(bench.read_text()).get("device") for bench in args.rollouts]
+    benches = {bench: json.loads(bench.read_text()) for bench in args.rollouts}
+    devices += [result.get("device") for result in benches.values()]
     # A merge alone (no spec run here) measured nothing on this machine: its device is the one the merged files name
     named = " + ".join(dict.fromkeys(d for d in devices if d))
     device = device_name() if args.specs or not named else named
     steps: list[dict[str, Any]] = []
-    rollouts = [row for bench in args.rollouts for row in rollout_rows(bench)]
+    rollouts = [row for bench, result in benches.items() for row in rollout_rows(bench, result)]
     command = " ".join(["python", "benchmarks/fsdp_rollouts.py", *(argv if argv is not None else sys.argv[1:])])
     result = {
         "what": "whole steps of the FSDP + LoRA preset per rollout path; rollouts against the bandwidth bound",

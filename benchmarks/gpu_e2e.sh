@@ -251,7 +251,7 @@ for phase in "$@"; do
         tail -n 3 "$OUT"/real/maxbatch-*.log
       fi
       ;;
-    *) echo "unknown phase $phase; allowed: tests kernel generation memory memory2 concurrent rollout dashboard profile steps decode fsdp export reallengths" >&2; exit 2 ;;
+    *) echo "unknown phase $phase; allowed: tests kernel generation memory memory2 concurrent rollout dashboard profile steps decode sampling fsdp export reallengths" >&2; exit 2 ;;
   esac
 done
 echo "=== done $(date -u +%T)"
