@@ -24,14 +24,19 @@ whose completions run to the cap (random weights never emit EOS): the no-padding
 Targets, per shape (the `targets` of the result; None where a run is missing):
     step_vs_trl_head   ours step / trl-head-graph step          <= 0.5
     step_vs_trl_user   ours step / trl-user step                 <= 0.15
-    train_allowance    ours (scoring + loss) / (1.3 x valid share x ours-to-cap (scoring + loss)) <= 1
+    train_allowance    ours (scoring + loss) / (1.3 x train valid share x ours-to-cap (scoring + loss)) <= 1
     decode_allowance   ours generation / (1.3 x valid share x ours-to-cap generation)           <= 1 (no prefill
                        credit here: benchmarks/real_lengths.py times the rollout alone, prefill apart)
-with valid share = generated tokens of `ours` / those of `ours-to-cap`; `ours-compact` gets the same ratios as
-`compact_*`, `ours-efficient` as `efficient_*`, `ours-compiled` as `compiled_*`. Writes DIR/real-length-steps.json.
+with valid share = generated tokens of `ours` / those of `ours-to-cap` (the decode target counts completions), and
+train valid share = the real tokens scoring and the loss compute in `ours` (prompts and completions, as the
+phases' valid share counts them; a row's `valid_tokens`, from TRL's `num_tokens`) / those of `ours-to-cap`.
+`train_allowance_completions` is the train ratio with the completions' share instead: it charges ours for the
+prompts, which both runs compute in full. `ours-compact` gets the same ratios as `compact_*`, `ours-efficient` as
+`efficient_*`, `ours-compiled` as `compiled_*`. Writes DIR/real-length-steps.json.
 `--merge` joins the rows of results measured on one device by separate calls (a short GPU session may not hold every
 spec; a later file's row replaces an earlier one of the same label; with --specs, only those specs' rows), keeps
-each file's command, and computes the targets again.
+each file's command, and computes the targets again; with `--reread`, each row whose run folder is still beside its
+file (runs/MODEL-ROWSxCAP-SPEC) is read again from that run's metrics.
 """
 
 from __future__ import annotations
@@ -121,12 +126,15 @@ def run_sets(model: str, data: str, rows: int, cap: int, steps: int, spec: str, 
     return sets
 
 
+def run_folder(out: Path, model: str, rows: int, cap: int, spec: str) -> Path:
+    return out / "runs" / f"{model}-{rows}x{cap}-{spec}"
+
+
 def run_row(shape: tuple[str, int, int], spec: str, sets: list[str], out: Path, timeout: int) -> dict[str, Any]:
     """One fresh headless run and its row (the mean of steps 2 on)."""
     model, rows, cap = shape
     preset = MODELS[model][0]
-    label = f"{model} {rows}x{cap} {spec}"
-    runs = out / "runs" / f"{model}-{rows}x{cap}-{spec}"
+    runs = run_folder(out, model, rows, cap, spec)
     argv = [sys.executable, "-m", "grpo_tui.cli", "run", preset, "--headless", "--runs-dir", str(runs)]
     for item in sets:
         argv += ["--set", item]
@@ -139,22 +147,49 @@ def run_row(shape: tuple[str, int, int], spec: str, sets: list[str], out: Path, 
         except subprocess.TimeoutExpired:
             code = None
     impl, backend = SPECS[spec][:2]
-    row: dict[str, Any] = {"label": label, "spec": spec, "impl": impl, "backend": backend, "batch": rows, "cap": cap}
+    row: dict[str, Any] = {
+        "label": f"{model} {rows}x{cap} {spec}",
+        "spec": spec,
+        "impl": impl,
+        "backend": backend,
+        "batch": rows,
+        "cap": cap,
+    }
     row.update(exit=code, wall_s=round(time.perf_counter() - start, 1))
+    return read_row(row, runs)
+
+
+def valid_tokens(steps: list[dict[str, Any]]) -> dict[int, float]:
+    """Real tokens (prompts and completions) each step's scoring and loss computed, by step: the growth of TRL's
+    running `num_tokens`, which counts them from the attention masks whatever the layout (padded or packed)."""
+    out, seen = {}, 0.0
+    for record in steps:
+        total = record.get("num_tokens")
+        if isinstance(total, (int, float)) and not isinstance(total, bool) and isinstance(record.get("step"), int):
+            out[record["step"]], seen = total - seen, total
+    return out
+
+
+def read_row(row: dict[str, Any], runs: Path, only: list[int] | None = None) -> dict[str, Any]:
+    """`row` (label, spec, exit, ...) with the figures of the run under `runs`: the mean of steps 2 on, or of the
+    steps `only` names."""
+    row = {key: value for key, value in row.items() if key in ROW_KEYS}
     metrics = sorted(runs.glob("*/metrics.jsonl"))
     records = read_records(metrics[-1]) if metrics else []
-    steps = pick_steps(step_records(records), set())
+    every = step_records(records)
+    steps = pick_steps(every, set()) if only is None else [r for r in every if r.get("step") in only]
     if not steps:
         errors = [r.get("message") for r in records if r.get("event") in ("error", "oom")]
-        row["error"] = (errors or ["timed out" if code is None else "no step record"])[-1]
+        row["error"] = (errors or ["timed out" if row.get("exit") is None else "no step record"])[-1]
         return row
     merged = mean_step(steps)
     peak = peak_mib(merged["memory"])
 
-    def mean(key: str) -> float | None:
-        values = [s[key] for s in steps if isinstance(s.get(key), (int, float))]
-        return round(sum(values) / len(values), 4) if values else None
+    def mean(values: list[Any]) -> float | None:
+        numbers = [v for v in values if isinstance(v, (int, float))]
+        return round(sum(numbers) / len(numbers), 4) if numbers else None
 
+    tokens = valid_tokens(every)
     row.update(
         backend=merged[GENERATION_BACKEND_KEY],
         mean_length=merged["completions/mean_length"],
@@ -163,11 +198,16 @@ def run_row(shape: tuple[str, int, int], spec: str, sets: list[str], out: Path, 
         scoring_s=merged[phase_time_key("scoring")],
         loss_s=merged[phase_time_key("loss")],
         peak_gib=round(peak / 1024, 2) if peak else None,
-        generated_tokens=mean(GENERATION_TOKENS_KEY),
-        valid_share={phase: mean(valid_share_key(phase)) for phase in TOKEN_PHASES},
+        generated_tokens=mean([s.get(GENERATION_TOKENS_KEY) for s in steps]),
+        valid_tokens=mean([tokens.get(s["step"]) for s in steps]),
+        valid_share={phase: mean([s.get(valid_share_key(phase)) for s in steps]) for phase in TOKEN_PHASES},
         steps=[s["step"] for s in steps],
     )
     return row
+
+
+# What a row keeps when it is read again from its run folder (`read_row`): who ran, not what was measured
+ROW_KEYS = ("label", "spec", "impl", "backend", "batch", "cap", "exit", "wall_s")
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:
@@ -194,13 +234,18 @@ def targets(rows: list[dict[str, Any]]) -> dict[str, dict[str, float | None]]:
             if ours is None:
                 continue
             share = _ratio(ours.get("generated_tokens"), cap.get("generated_tokens"))
+            train_share = _ratio(ours.get("valid_tokens"), cap.get("valid_tokens"))
             train = [(r.get("scoring_s") or 0.0) + (r.get("loss_s") or 0.0) for r in (ours, cap)]
             out[shape].update(
                 {
                     f"{prefix}valid_share": share,
+                    f"{prefix}train_valid_share": train_share,
                     f"{prefix}step_vs_trl_head": _ratio(ours.get("step_s"), head.get("step_s")),
                     f"{prefix}step_vs_trl_user": _ratio(ours.get("step_s"), user.get("step_s")),
                     f"{prefix}train_allowance": None
+                    if train_share is None
+                    else _ratio(train[0], ALLOWANCE * train_share * train[1]),
+                    f"{prefix}train_allowance_completions": None
                     if share is None or not cap
                     else _ratio(train[0], ALLOWANCE * share * train[1]),
                     f"{prefix}decode_allowance": None
@@ -223,7 +268,7 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-ROW_FIGURES = ("step_s", "generation_s", "scoring_s", "loss_s", "generated_tokens")
+ROW_FIGURES = ("step_s", "generation_s", "scoring_s", "loss_s", "generated_tokens", "valid_tokens")
 
 
 def _is_row(row: Any) -> bool:
@@ -236,7 +281,7 @@ def _is_row(row: Any) -> bool:
     )
 
 
-def merge(paths: list[Path], specs: list[str] | None = None) -> dict[str, Any]:
+def merge(paths: list[Path], specs: list[str] | None = None, reread: bool = False) -> dict[str, Any]:
     """One result from the results of several calls on one device (see the module docstring), only the rows of
     `specs` where given; ValueError (one line) for a file that is not such a result, or results from different
     devices."""
@@ -255,11 +300,28 @@ def merge(paths: list[Path], specs: list[str] | None = None) -> dict[str, Any]:
     if len(devices) > 1:
         raise ValueError(f"--merge: one device per result; got {', '.join(devices)}")
     rows: dict[str, dict[str, Any]] = {}
-    for part in parts:
-        rows.update((r["label"], r) for r in part["rows"] if specs is None or r["spec"] in specs)
-    merged = {**parts[0], "command": "\n".join(p["command"] for p in parts), "rows": list(rows.values())}
+    for path, part in zip(paths, parts):
+        for row in part["rows"]:
+            if specs is None or row["spec"] in specs:
+                rows[row["label"]] = _read_again(row, path.parent) if reread else row
+    commands = "\n".join(p["command"] for p in parts).splitlines()
+    # A file merged again with one of its parts lists that part's command once
+    merged = {**parts[0], "command": "\n".join(dict.fromkeys(commands)), "rows": list(rows.values())}
     merged["targets"] = targets(merged["rows"])
     return merged
+
+
+def _read_again(row: dict[str, Any], folder: Path) -> dict[str, Any]:
+    """`row` read again from its run folder under `folder` when that folder is there (the same steps as before,
+    so every figure it had stays), else as it is."""
+    model = row["label"].split(" ", 1)[0]
+    batch, cap, steps = row.get("batch"), row.get("cap"), row.get("steps")
+    if model not in MODELS or type(batch) is not int or type(cap) is not int or row["spec"] not in SPECS:
+        return row
+    if not (isinstance(steps, list) and steps and all(type(s) is int for s in steps)):
+        steps = None
+    runs = run_folder(folder, model, batch, cap, row["spec"])
+    return read_row(row, runs, steps) if runs.is_dir() else row
 
 
 def save(result: dict[str, Any], out: Path) -> None:
@@ -281,13 +343,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=int, default=300, help="seconds per run")
     parser.add_argument("--tiny", action="store_true", help="the smoke run: tiny-cpu at 8x4 on the CPU")
     parser.add_argument("--merge", nargs="+", type=Path, metavar="JSON", help="join the results of several calls")
+    parser.add_argument(
+        "--reread", action="store_true", help="with --merge: rows read again from the run folders beside their files"
+    )
     args = parser.parse_args(argv)
     specs = [s.strip() for s in args.specs.split(",") if s.strip()]
     if not specs or any(s not in SPECS for s in specs):
         parser.error(f"--specs: got {args.specs!r}; allowed: {', '.join(SPECS)}")
+    if args.reread and not args.merge:
+        parser.error("--reread: allowed only with --merge (it reads the rows of merged files again)")
     if args.merge:
         try:
-            result = merge(args.merge, specs)
+            result = merge(args.merge, specs, args.reread)
         except ValueError as exc:
             parser.error(str(exc))
         args.out.mkdir(parents=True, exist_ok=True)

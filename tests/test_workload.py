@@ -112,6 +112,7 @@ def test_whole_step_benchmark_smoke_on_cpu(tiny_model_path: Path, tmp_path: Path
     for row in rows.values():
         assert row["steps"] == [2] and row["step_s"] > 0 and row["batch"] == 8 and row["cap"] == 4
         assert 0 < row["valid_share"]["loss"] <= 1
+        assert row["valid_tokens"] > row["generated_tokens"] > 0  # prompts and completions against completions
     # The realistic draw really shortens the completions against the run to the cap
     assert rows["ours"]["mean_length"] < rows["ours-to-cap"]["mean_length"]
     targets = result["targets"]["tiny 8x4"]
@@ -138,30 +139,81 @@ def test_whole_step_benchmark_refuses_bad_input(
 def test_whole_step_targets_are_the_issue_ratios() -> None:
     targets = load_benchmark("real_length_steps").targets
 
-    def row(spec: str, step: float, gen: float, score: float, loss: float, tokens: float) -> dict:
+    def row(spec: str, step: float, gen: float, score: float, loss: float, tokens: float, valid: float) -> dict:
         label = f"0.6b 128x1024 {spec}"
         return dict(
-            label=label, spec=spec, step_s=step, generation_s=gen, scoring_s=score, loss_s=loss, generated_tokens=tokens
+            label=label,
+            spec=spec,
+            step_s=step,
+            generation_s=gen,
+            scoring_s=score,
+            loss_s=loss,
+            generated_tokens=tokens,
+            valid_tokens=valid,
         )
 
+    # Completions 0.4 of the run to the cap's; with the prompts (20,000 tokens in both) 0.5
     rows = [
-        row("trl-user", 40.0, 30.0, 4.0, 6.0, 40_000),
-        row("trl-head-graph", 10.0, 2.0, 3.0, 5.0, 40_000),
-        row("ours", 4.0, 1.5, 1.0, 1.5, 40_000),
-        row("ours-compact", 3.6, 1.1, 1.0, 1.5, 40_000),
-        row("ours-efficient", 3.0, 1.1, 0.5, 1.0, 40_000),
-        row("ours-to-cap", 9.0, 4.0, 2.0, 3.0, 100_000),
+        row("trl-user", 40.0, 30.0, 4.0, 6.0, 40_000, 60_000),
+        row("trl-head-graph", 10.0, 2.0, 3.0, 5.0, 40_000, 60_000),
+        row("ours", 4.0, 1.5, 1.0, 1.5, 40_000, 60_000),
+        row("ours-compact", 3.6, 1.1, 1.0, 1.5, 40_000, 60_000),
+        row("ours-efficient", 3.0, 1.1, 0.5, 1.0, 40_000, 60_000),
+        row("ours-to-cap", 9.0, 4.0, 2.0, 3.0, 100_000, 120_000),
         {"label": "0.6b 128x1024 ours", "spec": "ours", "error": "oom"},  # a failed run counts nowhere
     ]
     got = targets(rows)["0.6b 128x1024"]
     assert got["valid_share"] == got["compact_valid_share"] == 0.4
+    assert got["train_valid_share"] == 0.5
     assert got["step_vs_trl_head"] == 0.4 and got["step_vs_trl_user"] == 0.1 and got["compact_step_vs_trl_head"] == 0.36
-    assert got["train_allowance"] == pytest.approx(2.5 / (1.3 * 0.4 * 5.0), abs=1e-3)
+    assert got["train_allowance"] == pytest.approx(2.5 / (1.3 * 0.5 * 5.0), abs=1e-3)
+    assert got["train_allowance_completions"] == pytest.approx(2.5 / (1.3 * 0.4 * 5.0), abs=1e-3)
     assert got["decode_allowance"] == pytest.approx(1.5 / (1.3 * 0.4 * 4.0), abs=1e-3)
     assert got["compact_decode_allowance"] == pytest.approx(1.1 / (1.3 * 0.4 * 4.0), abs=1e-3)
     assert got["efficient_step_vs_trl_head"] == 0.3
-    assert got["efficient_train_allowance"] == pytest.approx(1.5 / (1.3 * 0.4 * 5.0), abs=1e-3)
+    assert got["efficient_train_allowance"] == pytest.approx(1.5 / (1.3 * 0.5 * 5.0), abs=1e-3)
     assert "compact_valid_share" not in targets(rows[:3] + rows[5:6])["0.6b 128x1024"]
+    # Rows measured before valid tokens were recorded: no train allowance, the completions' one still
+    older = [{k: v for k, v in r.items() if k != "valid_tokens"} for r in rows]
+    got = targets(older)["0.6b 128x1024"]
+    assert got["train_allowance"] is None and got["train_allowance_completions"] is not None
+
+
+def test_whole_step_rows_count_valid_tokens_and_read_again_from_their_runs(tmp_path: Path) -> None:
+    from grpo_tui.runs.metrics import MetricsWriter
+
+    bench = load_benchmark("real_length_steps")
+    # TRL's num_tokens runs on over the steps; a step's valid tokens are what it added
+    runs = bench.run_folder(tmp_path, "0.6b", 8, 4, "ours")
+    (runs / "run-a").mkdir(parents=True)
+    writer = MetricsWriter(runs / "run-a" / "metrics.jsonl")
+    for step, total, seconds in ((1, 100, 9.0), (2, 230, 2.0), (3, 330, 4.0)):
+        writer.write({"step": step, "num_tokens": total, "time_s/step": seconds, "generation/tokens": 10 * step})
+    writer.close()
+    row = bench.read_row({"label": "0.6b 8x4 ours", "spec": "ours", "batch": 8, "cap": 4, "exit": 0}, runs)
+    assert row["steps"] == [2, 3] and row["valid_tokens"] == 115.0 and row["step_s"] == 3.0
+    assert row["generated_tokens"] == 25.0 and row["exit"] == 0
+    # --merge --reread: a row whose run folder is beside its file is read again, for the steps it had
+    old = {"label": "0.6b 8x4 ours", "spec": "ours", "batch": 8, "cap": 4, "exit": None, "steps": [2], "step_s": 2.0}
+    lost = {"label": "0.6b 8x4 trl-user", "spec": "trl-user", "batch": 8, "cap": 4, "steps": [2], "step_s": 8.0}
+    part = tmp_path / "real-length-steps.json"
+    part.write_text(json.dumps({"command": "call a", "device": "GPU A", "rows": [old, lost]}))
+    assert bench.main(["--merge", str(part), str(part), "--reread", "--out", str(tmp_path / "out")]) == 0
+    result = json.loads((tmp_path / "out" / "real-length-steps.json").read_text())
+    rows = {r["spec"]: r for r in result["rows"]}
+    assert rows["ours"]["valid_tokens"] == 130.0 and rows["ours"]["step_s"] == 2.0 and rows["ours"]["exit"] is None
+    assert rows["trl-user"] == lost  # no run folder: kept as it was
+    assert result["command"] == "call a"  # the same file twice lists its command once
+    # Without --reread the rows stay as the files have them
+    assert bench.main(["--merge", str(part), "--out", str(tmp_path / "plain")]) == 0
+    plain = json.loads((tmp_path / "plain" / "real-length-steps.json").read_text())
+    assert "valid_tokens" not in plain["rows"][0]
+
+
+def test_whole_step_reread_needs_merge(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit) as exc:
+        load_benchmark("real_length_steps").main(["--reread", "--out", str(tmp_path)])
+    assert exc.value.code == 2 and "--reread: allowed only with --merge" in capsys.readouterr().err
 
 
 def test_whole_step_results_of_several_calls_merge_into_one(tmp_path: Path) -> None:
