@@ -26,8 +26,21 @@ import grpo_kernels.decode_attention as da
 from grpo_tui.train.decode_attention import folded_attention
 
 KV_HEADS, GROUP, DIM = 8, 2, 128
-GRID = {"block": (64, 128), "stages": (2, 3), "warps": (4, 8), "target": (528, 2112)}
-DEFAULT = {"block": da.BLOCK_KEYS, "stages": da.NUM_STAGES, "warps": da.NUM_WARPS, "target": da.TARGET_PROGRAMS}
+GRID = {"block": (64, 128), "stages": (2, 3), "warps": (4, 8), "target": (528, 2112), "rowsplit": (0, 1)}
+
+
+def defaults(module: Any) -> dict[str, int]:
+    """The kernel's own settings, as the grid names them."""
+    return {
+        "block": module.BLOCK_KEYS,
+        "stages": module.NUM_STAGES,
+        "warps": module.NUM_WARPS,
+        "target": module.TARGET_PROGRAMS,
+        "rowsplit": int(module.ROW_SPLITS),
+    }
+
+
+DEFAULT = defaults(da)
 
 
 def inputs(rows: int, length: int, filled: int, device: str, dtype: torch.dtype, seed: int = 0) -> tuple:
@@ -67,6 +80,7 @@ def timed_us(fn: Any, cuda: bool, reps: int = 200) -> float:
 def apply(setting: dict[str, int]) -> None:
     da.BLOCK_KEYS, da.NUM_STAGES = setting["block"], setting["stages"]
     da.NUM_WARPS, da.TARGET_PROGRAMS = setting["warps"], setting["target"]
+    da.ROW_SPLITS = bool(setting["rowsplit"])
 
 
 def parse_grid(text: str) -> dict[str, tuple[int, ...]]:

@@ -269,6 +269,41 @@ def kernel_kinds(prof: Any, wall_s: float) -> dict[str, Any]:
     }
 
 
+def decode_options(inductor_text: str, attention_text: str) -> tuple[list[str], dict[str, int]]:
+    """Set what --inductor and --attention ask for (the graph decoder's compile options, the decode kernel's
+    settings) and return them as the result records them; a one-line ValueError for names or values not allowed."""
+    import decode_attention_bench
+
+    import grpo_kernels.decode_attention as da
+
+    inductor = [name for name in inductor_text.split(",") if name]
+    if inductor:
+        import torch._inductor.config as inductor_config
+
+        unknown = [name for name in inductor if not isinstance(getattr(inductor_config, name, None), bool)]
+        if unknown:
+            raise ValueError(
+                f"--inductor: got {', '.join(unknown)!r}; allowed: boolean options of torch._inductor.config"
+            )
+    attention: dict[str, int] = {}
+    for part in filter(None, attention_text.split(";")):
+        name, _, value = part.partition("=")
+        low, high = (0, 1) if name == "rowsplit" else (1, 4096)
+        known = name in decode_attention_bench.GRID and name not in attention
+        if not (known and value.isdecimal() and low <= int(value) <= high):
+            names = ", ".join(decode_attention_bench.GRID)
+            raise ValueError(
+                f"--attention: got {part!r}; allowed: NAME=INT, ';' between, each NAME once, one of {names} "
+                "(rowsplit 0 or 1, the others 1 to 4096)"
+            )
+        attention[name] = int(value)
+    from grpo_tui.train import generation
+
+    generation.DECODE_COMPILE_OPTIONS = dict.fromkeys(inductor, True) if inductor else None
+    decode_attention_bench.apply({**decode_attention_bench.defaults(da), **attention})
+    return inductor, attention
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda")
@@ -310,8 +345,26 @@ def main(argv: list[str] | None = None) -> int:
         help="after each timed rollout, K more as the trainer runs them (bucket released, prompts cut by 8 more "
         "tokens each: a new cache length each time); their tokens/s and peak are reported as fresh_*",
     )
+    parser.add_argument(
+        "--inductor",
+        default="",
+        metavar="NAME[,NAME]",
+        help="inductor options turned on for the graph decoder's compiled step (e.g. max_autotune,"
+        "coordinate_descent_tuning); default none",
+    )
+    parser.add_argument(
+        "--attention",
+        default="",
+        metavar="NAME=INT[;NAME=INT]",
+        help="settings of grpo_kernels' decode attention for every rollout (names as decode_attention_bench.py's "
+        "grid: block, stages, warps, target, rowsplit); default the kernel's own",
+    )
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
+    try:
+        inductor, attention = decode_options(args.inductor, args.attention)
+    except ValueError as error:
+        parser.error(str(error))
     if not args.fresh.isdecimal():
         parser.error(f"--fresh: got {args.fresh!r}; allowed: a whole number of rollouts, 0 or more")
     fresh = int(args.fresh)
@@ -354,6 +407,8 @@ def main(argv: list[str] | None = None) -> int:
         "model": model_name,
         "prompts": str(args.data) if args.data else "synthetic",
         "new_tokens": new_tokens,
+        "inductor_options": inductor,
+        "attention_settings": attention,
         "copy_bandwidth_gb_s": bandwidth / 1e9,
         "throughput": [],
         "profiles": [],

@@ -3,7 +3,7 @@
 #
 # Run from the repository root on a CUDA machine that has torch, triton, transformers, accelerate and
 # peft (the device image), with the missing packages as wheels in .whl/ and GSM8K in .devdata/:
-#   bash benchmarks/gpu_e2e.sh PHASE...     PHASE: tests kernel generation memory memory2 concurrent rollout dashboard profile steps decode sampling fsdp
+#   bash benchmarks/gpu_e2e.sh PHASE...     PHASE: tests kernel generation memory memory2 concurrent rollout dashboard profile steps decode decodeab sampling fsdp
 #                                       export reallengths
 # Results land in $OUT (default ./gpu-out): one folder per phase plus a log; a table is printed last.
 set -uo pipefail
@@ -191,6 +191,26 @@ for phase in "$@"; do
         ${DECODE_ARGS:-} --out "$OUT/decode-1024" > "$OUT/decode-1024.log" 2>&1
       tail -5 "$OUT/decode-1024.log"
       ;;
+    decodeab)
+      # The decoder's settings side by side, each in its own process: the decode kernel's grid at the rollouts'
+      # masks (rows from a left-padding offset below 200), then graph rollouts at DECODEAB_BATCHES x 256 (default
+      # 128,16), one profiled at 128, per variant. DECODEAB_VARIANTS: NAME=ARGS items, ARGS generation_bench.py's
+      # --attention and --inductor with ':' for spaces (default: base, the splits cut from each row's run, the
+      # GEMMs autotuned by inductor).
+      build_model || exit 1
+      mkdir -p "$OUT/decodeab"
+      timeout ${DECODEAB_ATTN_TIMEOUT:-90} python3 benchmarks/decode_attention_bench.py \
+        --shapes 128x512x384,128x512x300,16x512x384 --grid "${DECODEAB_GRID:-stages=2,3;warps=4;block=64;target=1056,2112,4224;rowsplit=0,1}" \
+        --out "$OUT/decodeab/attention" > "$OUT/decodeab/attention.log" 2>&1
+      grep '^{' "$OUT/decodeab/attention.log" | cut -c1-300
+      for item in ${DECODEAB_VARIANTS:-base= rowsplit=--attention:rowsplit=1 autotune=--inductor:max_autotune}; do
+        name=${item%%=*}; args=${item#*=}
+        timeout ${DECODEAB_TIMEOUT:-150} python3 benchmarks/generation_bench.py --data "$GSM8K" --budget-s $(( ${DECODEAB_TIMEOUT:-150} - 30 )) \
+          --backends graph --batches ${DECODEAB_BATCHES:-128,16} --no-sampling graph --profile-batch 128 ${args//:/ } \
+          --out "$OUT/decodeab/$name" > "$OUT/decodeab/$name.log" 2>&1
+        echo "$name: $(grep '^graph ' "$OUT/decodeab/$name.log" | tr -s ' ' | cut -d' ' -f1-9 | tr '\n' '|')"
+      done
+      ;;
     sampling)
       # The graph decoder's draws against generate's (GRPOConfig's default sampling, bf16): >= 512 completions each,
       # the mean log-prob of the sampled tokens and the length distribution (sampling_check.py), and both backends'
@@ -251,7 +271,7 @@ for phase in "$@"; do
         tail -n 3 "$OUT"/real/maxbatch-*.log
       fi
       ;;
-    *) echo "unknown phase $phase; allowed: tests kernel generation memory memory2 concurrent rollout dashboard profile steps decode sampling fsdp export reallengths" >&2; exit 2 ;;
+    *) echo "unknown phase $phase; allowed: tests kernel generation memory memory2 concurrent rollout dashboard profile steps decode decodeab sampling fsdp export reallengths" >&2; exit 2 ;;
   esac
 done
 echo "=== done $(date -u +%T)"

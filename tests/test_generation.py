@@ -496,6 +496,65 @@ def test_benchmark_fresh_is_a_whole_number_or_one_error(text: str) -> None:
     assert f"--fresh: got {text!r}; allowed: a whole number of rollouts, 0 or more" in err.getvalue()
 
 
+@pytest.fixture
+def decode_knobs(monkeypatch) -> None:
+    """The decode kernel's settings and the decoder's compile options, restored after the test."""
+    import grpo_kernels.decode_attention as da
+    from grpo_tui.train import generation
+
+    for name in ("BLOCK_KEYS", "NUM_STAGES", "NUM_WARPS", "TARGET_PROGRAMS", "ROW_SPLITS"):
+        monkeypatch.setattr(da, name, getattr(da, name))
+    monkeypatch.setattr(generation, "DECODE_COMPILE_OPTIONS", generation.DECODE_COMPILE_OPTIONS)
+
+
+def test_benchmark_sets_the_decode_kernel_and_compile_options_it_is_given(decode_knobs) -> None:
+    import grpo_kernels.decode_attention as da
+    from grpo_tui.train import generation
+
+    options = load_benchmark("generation_bench").decode_options
+    target = da.TARGET_PROGRAMS
+    assert options("max_autotune", "rowsplit=1;warps=8") == (["max_autotune"], {"rowsplit": 1, "warps": 8})
+    assert da.ROW_SPLITS is True and da.NUM_WARPS == 8 and da.TARGET_PROGRAMS == target
+    assert generation.DECODE_COMPILE_OPTIONS == {"max_autotune": True}
+    assert generation.StaticDecoder(use_graph=False, compiled=True).compiled  # torch.compile takes the options
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    inductor=st.sampled_from(["", "max_autotune", "coordinate_descent_tuning,max_autotune"]) | st.text(max_size=20),
+    attention=st.sampled_from(["", "rowsplit=1", "block=128;stages=3", "target=0", "rowsplit=2", "warps=4;warps=8"])
+    | st.text(max_size=20),
+)
+def test_benchmark_decode_options_of_any_text_are_set_or_one_line(inductor: str, attention: str) -> None:
+    import grpo_kernels.decode_attention as da
+    from grpo_tui.train import generation
+
+    options = load_benchmark("generation_bench").decode_options
+    saved = {n: getattr(da, n) for n in ("BLOCK_KEYS", "NUM_STAGES", "NUM_WARPS", "TARGET_PROGRAMS", "ROW_SPLITS")}
+    compile_options = generation.DECODE_COMPILE_OPTIONS
+    try:
+        got_inductor, got_attention = options(inductor, attention)
+    except ValueError as error:
+        assert str(error).startswith(("--inductor: got", "--attention: got")) and "\n" not in str(error)
+        assert "allowed:" in str(error)
+    else:
+        assert got_inductor == [n for n in inductor.split(",") if n]
+        assert all(isinstance(v, int) for v in got_attention.values())
+    finally:
+        for name, value in saved.items():
+            setattr(da, name, value)
+        generation.DECODE_COMPILE_OPTIONS = compile_options
+
+
+def test_benchmark_refuses_a_bad_decode_option_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    bench = load_benchmark("generation_bench")
+    with pytest.raises(SystemExit) as exit_info:
+        bench.main(["--device", "cpu", "--tiny", "--attention", "rowsplit=3", "--out", str(tmp_path)])
+    assert exit_info.value.code == 2
+    assert "--attention: got 'rowsplit=3'; allowed: NAME=INT" in capsys.readouterr().err.splitlines()[-1]
+    assert not (tmp_path / "generation-bench.json").exists()
+
+
 class RecordingBackend:
     """A benchmark backend that only records its calls: "release", and each rollout's prompt width."""
 

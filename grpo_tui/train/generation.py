@@ -63,6 +63,8 @@ ROW_MULTIPLE = 8
 FINISH_CHECK_EVERY = 8
 # Eager decode steps on a side stream before capture: lazy allocations and library autotuning happen there.
 WARMUP_STEPS = 3
+# torch.compile's inductor options for the compiled token step (None: its defaults); benchmarks set it to compare
+DECODE_COMPILE_OPTIONS: dict[str, Any] | None = None
 
 
 class Completions(NamedTuple):
@@ -118,7 +120,9 @@ class StaticDecoder:
         # tokens/s of the plain graph on the H200 (`benchmarks/generation_bench.py`), for ~35 s of compiling per
         # row count and process.
         self.compiled = compiled
-        self._take = torch.compile(decode_and_take, dynamic=False) if compiled else decode_and_take
+        self._take = (
+            torch.compile(decode_and_take, dynamic=False, options=DECODE_COMPILE_OPTIONS) if compiled else decode_and_take
+        )
         self._on_compile_failure, self._on_kernel_failure = on_compile_failure, on_kernel_failure
         self._on_compile_start = on_compile_start  # (rows, length): a row count compiled for the first time
         self._compiled_shapes: set[tuple] = set()

@@ -19,18 +19,23 @@ TOL = {torch.float32: 1e-5, torch.float16: 2e-3}
 LENGTH = 100  # 3 splits of 48 keys in the shrunk geometry: not a multiple of the split size
 
 
-@pytest.fixture(params=[1024, 32], ids=["mask-in-one-load", "mask-looped"])
+@pytest.fixture(
+    params=[(1024, False), (32, False), (1024, True), (32, True)],
+    ids=["mask-in-one-load", "mask-looped", "row-splits", "row-splits-mask-looped"],
+)
 def kernel_backend(backend, monkeypatch, request):
     """The torch twin, or the Triton kernels under the interpreter with small blocks and many splits, reading
-    a row's mask for its loop bounds in one load, or in a loop of 32-slot loads as a long cache reads it."""
-    mask_block = request.param
-    if backend == "torch" and mask_block != 1024:
-        pytest.skip("HOIST_MASK_BLOCK is a setting of the Triton kernel only")
+    a row's mask for its loop bounds in one load, or in a loop of 32-slot loads as a long cache reads it; the
+    splits at fixed slot ranges of the cache or cut from each row's allowed run."""
+    mask_block, row_splits = request.param
+    if backend == "torch" and (mask_block != 1024 or row_splits):
+        pytest.skip("HOIST_MASK_BLOCK and ROW_SPLITS are settings of the Triton kernel only")
     if backend == "triton":
         monkeypatch.setattr(da, "BLOCK_KEYS", 16)
         monkeypatch.setattr(da, "MIN_SPLIT_KEYS", 32)
         monkeypatch.setattr(da, "TARGET_PROGRAMS", 1 << 20)
         monkeypatch.setattr(da, "HOIST_MASK_BLOCK", mask_block)
+        monkeypatch.setattr(da, "ROW_SPLITS", row_splits)
     return backend
 
 
