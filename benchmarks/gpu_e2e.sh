@@ -200,7 +200,7 @@ for phase in "$@"; do
       build_model || exit 1
       mkdir -p "$OUT/decodeab"
       timeout ${DECODEAB_ATTN_TIMEOUT:-90} python3 benchmarks/decode_attention_bench.py \
-        --shapes 128x512x384,128x512x300,16x512x384 --grid "${DECODEAB_GRID:-stages=2,3;warps=4;block=64;target=1056,2112,4224;rowsplit=0,1}" \
+        --shapes 128x512x384,128x512x300,16x512x384 --grid "${DECODEAB_GRID:-stages=2,3;warps=4;block=64;target=528,1056,2112,4224;rowsplit=0,1}" \
         --out "$OUT/decodeab/attention" > "$OUT/decodeab/attention.log" 2>&1
       grep '^{' "$OUT/decodeab/attention.log" | cut -c1-300
       for item in ${DECODEAB_VARIANTS:-base= rowsplit=--attention:rowsplit=1 autotune=--inductor:max_autotune}; do

@@ -121,7 +121,9 @@ class StaticDecoder:
         # row count and process.
         self.compiled = compiled
         self._take = (
-            torch.compile(decode_and_take, dynamic=False, options=DECODE_COMPILE_OPTIONS) if compiled else decode_and_take
+            torch.compile(decode_and_take, dynamic=False, options=DECODE_COMPILE_OPTIONS)
+            if compiled
+            else decode_and_take
         )
         self._on_compile_failure, self._on_kernel_failure = on_compile_failure, on_kernel_failure
         self._on_compile_start = on_compile_start  # (rows, length): a row count compiled for the first time

@@ -8,7 +8,8 @@ program streams its range in BLOCK_KEYS-wide steps, skips every step the mask ru
 slots) without loading its keys/values, and folds the query heads of the group (grouped-query attention) into
 the rows of one tensor-core product, padded to 16 rows: decode is memory-bound, the padding's flops are free.
 Each program leaves an unnormalised partial (acc, running max, sum of exp); a second small kernel merges the
-splits of each (row, head) with the usual log-sum-exp weights.
+splits of each (row, head) with the usual log-sum-exp weights. Where one split covers the row (many rows, or a
+short cache), its program writes the output itself and the merge is not launched.
 
 Measured on the H200 (bf16, Qwen3-0.6B's 16 query / 8 key-value heads of 128, 300 of 512 slots filled per
 row, in a CUDA graph; `benchmarks/decode_attention_bench.py`): 36.9 us per call at 128 rows against sdpa's
@@ -84,6 +85,9 @@ if HAS_TRITON:
         acc_ptr,
         max_ptr,
         sum_ptr,
+        out_ptr,
+        so_r,
+        so_h,
         sq_r,
         sq_h,
         sk_r,
@@ -105,6 +109,7 @@ if HAS_TRITON:
         L_PAD: tl.constexpr,
         ONE_LOAD: tl.constexpr,
         ROW_SPLITS: tl.constexpr,
+        FINAL: tl.constexpr,
     ):
         # Program (row * KV_HEADS + kv, split): the GROUP query heads of kv over keys [lo, hi)
         pid = tl.program_id(0)
@@ -161,11 +166,19 @@ if HAS_TRITON:
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
             l_i = l_i * alpha + tl.sum(p, axis=1)
             m_i = m_new
-        # Partials [R, H, SPLITS(, D)]; a split the mask rules out entirely leaves max -inf, sum 0, acc 0
-        part = (row * KV_HEADS * GROUP + heads) * splits + split  # [G]
-        tl.store(acc_ptr + part[:, None] * DIM + d[None, :], acc, mask=gmask[:, None])
-        tl.store(max_ptr + part, m_i, mask=gmask)
-        tl.store(sum_ptr + part, l_i, mask=gmask)
+        if FINAL:  # one split: the output itself, no partials and no merge
+            out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+            tl.store(
+                out_ptr + row * so_r + heads[:, None] * so_h + d[None, :],
+                out.to(out_ptr.dtype.element_ty),
+                mask=gmask[:, None],
+            )
+        else:
+            # Partials [R, H, SPLITS(, D)]; a split the mask rules out entirely leaves max -inf, sum 0, acc 0
+            part = (row * KV_HEADS * GROUP + heads) * splits + split  # [G]
+            tl.store(acc_ptr + part[:, None] * DIM + d[None, :], acc, mask=gmask[:, None])
+            tl.store(max_ptr + part, m_i, mask=gmask)
+            tl.store(sum_ptr + part, l_i, mask=gmask)
 
     @triton.jit
     def _merge_kernel(
@@ -255,9 +268,10 @@ def _decode_attention_op(
     group = heads // kv_heads
     query, key, value, mask = (t if t.stride(-1) == 1 else t.contiguous() for t in (query, key, value, mask))
     split_keys, splits = split_geometry(rows * kv_heads, length)
-    # Scratch for the partials; inside a CUDA graph they come from its pool
-    acc = torch.empty((rows, heads, splits, dim), device=query.device, dtype=torch.float32)
-    top = torch.empty((rows, heads, splits), device=query.device, dtype=torch.float32)
+    final = splits == 1
+    # Scratch for the partials (none for one split); inside a CUDA graph they come from its pool
+    acc = torch.empty((rows, heads, 0 if final else splits, dim), device=query.device, dtype=torch.float32)
+    top = torch.empty((rows, heads, 0 if final else splits), device=query.device, dtype=torch.float32)
     total = torch.empty_like(top)
     out = torch.empty((rows, 1, heads, dim), device=query.device, dtype=query.dtype)
     _split_kernel[(rows * kv_heads, splits)](
@@ -268,6 +282,9 @@ def _decode_attention_op(
         acc,
         top,
         total,
+        out,
+        out.stride(0),
+        out.stride(2),
         query.stride(0),
         query.stride(1),
         key.stride(0),
@@ -290,9 +307,12 @@ def _decode_attention_op(
         L_PAD=min(next_pow2(length), HOIST_MASK_BLOCK),
         ONE_LOAD=next_pow2(length) <= HOIST_MASK_BLOCK,
         ROW_SPLITS=ROW_SPLITS,
+        FINAL=final,
         num_warps=NUM_WARPS,
         num_stages=NUM_STAGES,
     )
+    if final:
+        return out
     _merge_kernel[(rows * heads,)](
         acc,
         top,

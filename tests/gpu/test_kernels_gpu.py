@@ -391,6 +391,21 @@ def test_decode_attention_bf16_matches_the_fp32_twin(group: int) -> None:
     assert torch.equal(nan, got) and torch.equal(zeros, got)
 
 
+@pytest.mark.parametrize(
+    "setting", [{"MIN_SPLIT_KEYS": 1 << 20}, {"ROW_SPLITS": True}, {"ROW_SPLITS": True, "TARGET_PROGRAMS": 4224}]
+)
+def test_decode_attention_split_settings_match_the_fp32_twin(setting: dict, monkeypatch) -> None:
+    # One split per row (the output written without the merge), and splits cut from each row's allowed run
+    from grpo_kernels import decode_attention as da
+
+    for name, value in setting.items():
+        monkeypatch.setattr(da, name, value)
+    query, key, value, mask = _decode_inputs(next_seed())
+    got = da.decode_attention(query, key, value, mask)
+    expected = da.decode_attention_torch(query.float(), key.float(), value.float(), mask, 128**-0.5)
+    torch.testing.assert_close(got.float(), expected, rtol=0, atol=2e-2)
+
+
 def test_decode_attention_replays_from_a_cuda_graph_after_the_cache_changes() -> None:
     from grpo_kernels.decode_attention import decode_attention, decode_attention_torch
 
