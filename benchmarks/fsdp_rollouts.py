@@ -6,7 +6,9 @@ Each spec is a fresh headless run of `qwen3-1.7b-gsm8k-fsdp-lora` (or another pr
 random weights, one process, GSM8K prompts, `--steps` steps (default 3); its row is the mean of steps 2 on (step 1
 compiles). `--rollouts` adds the rows of `generation_bench.py` results (tokens/s and the fraction of the memory-
 bandwidth bound per batch and length); `--rows-from` puts the rows of earlier runs of this script first (their
-commands kept in a list with this one). Writes DIR/fsdp-rollouts.json with `rows` and the command; prints a table.
+commands kept in a list with this one). `--profile-step N` runs step N of each spec under torch.profiler
+($GRPO_TUI_PROFILE_STEP), leaves it out of the row's mean and copies its operator tables to DIR/LABEL-profile-stepN.txt.
+Writes DIR/fsdp-rollouts.json with `rows` and the command; prints a table.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import signal
 import subprocess
 import sys
@@ -36,6 +39,7 @@ from grpo_tui.runs.metrics import (
     read_records,
     step_records,
 )
+from grpo_tui.train.profiling import PROFILE_STEP_ENV
 
 PRESET = "qwen3-1.7b-gsm8k-fsdp-lora"
 # label -> (fsdp, lora, extra --set overrides); every spec also gets COMMON_SETS
@@ -69,15 +73,22 @@ def common_sets(model: str, data: str, batch: int, length: int, steps: int) -> l
     ]
 
 
-def run_row(label: str, preset: str, sets: list[str], runs: Path, log: Path, timeout: int) -> dict[str, Any]:
-    """One fresh headless run and its row (the mean of steps 2 on)."""
+def run_row(
+    label: str, preset: str, sets: list[str], runs: Path, log: Path, timeout: int, profile_step: int | None = None
+) -> dict[str, Any]:
+    """One fresh headless run and its row (the mean of steps 2 on, but `profile_step`, which runs under
+    torch.profiler: its tables are copied beside `log`)."""
     fsdp, lora, extra = SPECS[label]
     argv = [sys.executable, "-m", "grpo_tui.cli", "run", preset, "--headless", "--runs-dir", str(runs)]
     for item in [*sets, *extra]:
         argv += ["--set", item]
+    env = dict(os.environ)
+    env.pop(PROFILE_STEP_ENV, None)
+    if profile_step is not None:
+        env[PROFILE_STEP_ENV] = str(profile_step)
     start = time.perf_counter()
     with log.open("w") as handle:
-        process = subprocess.Popen(argv, stdout=handle, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(argv, stdout=handle, stderr=subprocess.STDOUT, env=env)
         try:
             code = process.wait(timeout=timeout)
             timed_out = False
@@ -93,7 +104,9 @@ def run_row(label: str, preset: str, sets: list[str], runs: Path, log: Path, tim
     row["wall_s"] = round(time.perf_counter() - start, 1)
     metrics = sorted(runs.glob("*/metrics.jsonl"))
     records = read_records(metrics[-1]) if metrics else []
-    steps = pick_steps(step_records(records), set())
+    steps = pick_steps(step_records(records), set() if profile_step is None else {profile_step})
+    for table in sorted(runs.glob(f"*/profile-step{profile_step}*.txt")) if profile_step is not None else ():
+        shutil.copyfile(table, log.parent / f"{label}-{table.name}")
     if timed_out:
         row["timed_out_s"] = timeout
     if not steps:
@@ -209,7 +222,19 @@ def main(argv: list[str] | None = None) -> int:
         help="a spec run first (2 steps) and not reported: the first training process on a machine compiles "
         "cuDNN's attention for each sequence length and the decode step, which later runs find cached",
     )
+    parser.add_argument(
+        "--profile-step",
+        type=int,
+        default=None,
+        metavar="N",
+        help="run step N of each spec under torch.profiler, its tables copied to DIR (left out of the row's mean)",
+    )
     args = parser.parse_args(argv)
+    if args.profile_step is not None and not 2 <= args.profile_step < args.steps:
+        parser.error(
+            f"--profile-step: got {args.profile_step}; allowed: a step from 2 to --steps - 1 ({args.steps - 1}), so "
+            "that the row keeps a step besides it and the first"
+        )
     unknown = [s for s in args.specs if s not in SPECS]
     if unknown:
         parser.error(f"--specs: got {', '.join(unknown)}; allowed: {', '.join(SPECS)}")
@@ -253,7 +278,8 @@ def main(argv: list[str] | None = None) -> int:
     save()
     for label in args.specs:
         runs = args.out / "runs" / label
-        steps.append(run_row(label, args.preset, sets, runs, args.out / f"{label}.log", args.timeout))
+        log = args.out / f"{label}.log"
+        steps.append(run_row(label, args.preset, sets, runs, log, args.timeout, args.profile_step))
         print(json.dumps(steps[-1]), flush=True)
         save()
     rows = result["rows"]

@@ -62,3 +62,26 @@ def test_one_run_and_a_rollout_file_become_rows(tiny_model_path: Path, tmp_path:
     assert first != "GPU-A" and merged["device"] == f"{first} + GPU-A"
     with pytest.raises(SystemExit):
         bench.main([*argv[:-2], "--specs", "nope", "--out", str(tmp_path)])
+
+
+@pytest.mark.slow
+def test_a_profiled_step_is_left_out_and_its_tables_kept(tiny_model_path: Path, tmp_path: Path) -> None:
+    bench = load_benchmark("fsdp_rollouts")
+    argv = ["--data", "builtin:addition", "--preset", "tiny-cpu", "--model", "builtin:tiny-qwen3", "--batch", "16"]
+    argv += ["--specs", "graph-lora-merged", "--steps", "3", "--length", "4", "--profile-step", "2"]
+    assert bench.main([*argv, "--out", str(tmp_path)]) == 0
+    (row,) = json.loads((tmp_path / "fsdp-rollouts.json").read_text())["rows"]
+    assert row["steps"] == [3]  # step 1 compiles, step 2 ran under the profiler
+    tables = (tmp_path / "graph-lora-merged-profile-step2.txt").read_text()
+    assert "optimizer step 2" in tables and "aten::" in tables
+
+
+@pytest.mark.parametrize(("step", "steps"), [("1", "3"), ("3", "3"), ("0", "4")])
+def test_a_profiled_step_must_leave_a_step_to_report(step: str, steps: str, tmp_path: Path, capsys) -> None:
+    bench = load_benchmark("fsdp_rollouts")
+    argv = ["--data", "builtin:addition", "--specs", "graph-lora-merged", "--steps", steps, "--profile-step", step]
+    with pytest.raises(SystemExit) as exit_info:
+        bench.main([*argv, "--out", str(tmp_path)])
+    assert exit_info.value.code == 2
+    assert f"--profile-step: got {step}; allowed: a step from 2 to --steps - 1" in capsys.readouterr().err
+    assert not (tmp_path / "fsdp-rollouts.json").exists()
