@@ -249,23 +249,36 @@ def kernel_kind(name: str) -> str:
     return next((kind for kind, words in KERNEL_KINDS if any(w in lower for w in words)), "other")
 
 
+# Kernels listed by name in a profile's `kernels`, the longest first: enough to see what each kind holds
+TOP_KERNELS = 40
+
+
 def kernel_kinds(prof: Any, wall_s: float) -> dict[str, Any]:
-    """Device time per kernel kind over a profiled block (ms, launches) and how busy the device was: kernels
-    replayed from a CUDA graph show up one by one, as any other."""
+    """Device time per kernel kind over a profiled block (ms, launches), the TOP_KERNELS kernels that took the most
+    (name, kind, ms, launches) and how busy the device was: kernels replayed from a CUDA graph show up one by one,
+    as any other."""
     from torch.autograd import DeviceType
 
     kinds: dict[str, list[float]] = {}
+    names: dict[str, list[float]] = {}
     for event in prof.events():
         if event.device_type != DeviceType.CUDA:
             continue
-        entry = kinds.setdefault(kernel_kind(event.name), [0.0, 0])
-        entry[0] += event.time_range.elapsed_us() / 1000
-        entry[1] += 1
+        ms = event.time_range.elapsed_us() / 1000
+        for table, key in ((kinds, kernel_kind(event.name)), (names, event.name)):
+            entry = table.setdefault(key, [0.0, 0])
+            entry[0] += ms
+            entry[1] += 1
     busy = sum(ms for ms, _ in kinds.values())
+    longest = sorted(names.items(), key=lambda item: -item[1][0])[:TOP_KERNELS]
     return {
         "wall_ms": round(1000 * wall_s, 1),
         "device_busy_ms": round(busy, 1),
         "kinds": {kind: {"ms": round(ms, 2), "launches": int(n)} for kind, (ms, n) in sorted(kinds.items())},
+        "kernels": [
+            {"name": name, "kind": kernel_kind(name), "ms": round(ms, 3), "launches": int(n)}
+            for name, (ms, n) in longest
+        ],
     }
 
 

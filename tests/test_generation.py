@@ -478,6 +478,25 @@ def test_benchmark_sorts_kernels_by_kind() -> None:
     assert {name: kind(name) for name in names} == names
 
 
+def test_benchmark_profile_lists_the_longest_kernels_by_name() -> None:
+    from types import SimpleNamespace
+
+    from torch.autograd import DeviceType
+
+    def event(name: str, us: float, device=DeviceType.CUDA) -> SimpleNamespace:
+        return SimpleNamespace(name=name, device_type=device, time_range=SimpleNamespace(elapsed_us=lambda: us))
+
+    events = [event("_split_kernel", 50.0), event("_split_kernel", 52.0), event("nvjet_sm90_tst_24x64", 6.0)]
+    events += [event("aten::mm", 900.0, DeviceType.CPU)]  # host events count nowhere
+    got = load_benchmark("generation_bench").kernel_kinds(SimpleNamespace(events=lambda: events), 0.5)
+    assert got["wall_ms"] == 500.0 and got["device_busy_ms"] == 0.1
+    assert got["kinds"] == {"GEMM": {"ms": 0.01, "launches": 1}, "decode attention": {"ms": 0.1, "launches": 2}}
+    assert got["kernels"] == [
+        {"name": "_split_kernel", "kind": "decode attention", "ms": 0.102, "launches": 2},
+        {"name": "nvjet_sm90_tst_24x64", "kind": "GEMM", "ms": 0.006, "launches": 1},
+    ]
+
+
 def test_benchmark_refuses_bad_batches(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     bench = load_benchmark("generation_bench")
     with pytest.raises(SystemExit) as exit_info:
