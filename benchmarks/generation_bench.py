@@ -233,13 +233,16 @@ def profile_rollout(
     return {"backend": backend.name, "batch": len(prompts), "new_tokens": new_tokens, **kernel_kinds(prof, wall)}
 
 
-# Kinds of device kernel in a rollout, the first whose words a kernel's name contains (lower case)
+# Kinds of device kernel in a rollout, the first whose words a kernel's name contains (lower case). Inductor names
+# a kernel after the ops fused into it, and the per-layer kernel that feeds our decode attention carries
+# "decode_attention" in its name: elementwise is told apart before attention. Sampling comes first, as its fused
+# kernels are inductor's too.
 KERNEL_KINDS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("decode attention", ("_split_kernel", "_merge_kernel")),
-    ("prefill attention", ("fmha", "flash", "attention", "sdpa")),
-    ("GEMM", ("gemm", "nvjet", "cutlass", "xmma", "splitkreduce", "cublas")),
     ("sampling and log-probs", ("argmax", "exponential", "logsumexp", "amax", "_token_")),
     ("fused elementwise (torch.compile)", ("triton_",)),
+    ("prefill attention", ("fmha", "flash", "attention", "sdpa")),
+    ("GEMM", ("gemm", "nvjet", "cutlass", "xmma", "splitkreduce", "cublas")),
     ("copies and fills", ("memcpy", "memset", "copy", "fill")),
 )
 

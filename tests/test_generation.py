@@ -472,6 +472,8 @@ def test_benchmark_sorts_kernels_by_kind() -> None:
         "_token_slices_kernel": "sampling and log-probs",  # grpo_kernels.token_choice
         "_token_pick_kernel": "sampling and log-probs",
         "triton_per_fused__to_copy__unsafe_view_add_arange_cat_cos_1": "fused elementwise (torch.compile)",
+        # inductor names a kernel after its ops: this one feeds our decode attention, and is elementwise
+        "triton_per_fused_add_bitwise_and_cos_decode_attention_index_copy_5": "fused elementwise (torch.compile)",
         "Memcpy HtoD (Pageable -> Device)": "copies and fills",
         "void at::native::elementwise_kernel<128, 4>": "other",
     }
