@@ -15,7 +15,7 @@ def test_usage_error_line_and_case_arms_name_the_same_phases() -> None:
     assert usage, "the usage line lists the phases"
     named = set((usage.group(1) + " " + usage.group(2)).split())
     allowed = set(re.search(r"unknown phase \$phase; allowed: ([a-z0-9 ]+)\"", text).group(1).split())
-    body = text[text.index('case $phase in') : text.index("    *) echo \"unknown phase")]
+    body = text[text.index("case $phase in") : text.index('    *) echo "unknown phase')]
     arms = set(re.findall(r"^    ([a-z0-9]+)\)$", body, flags=re.M))
     assert named == allowed == arms and {"decode", "decodeab", "fsdp", "reallengths", "tests"} <= arms
 
