@@ -269,11 +269,13 @@ def _decode_attention_op(
     query, key, value, mask = (t if t.stride(-1) == 1 else t.contiguous() for t in (query, key, value, mask))
     split_keys, splits = split_geometry(rows * kv_heads, length)
     final = splits == 1
-    # Scratch for the partials (none for one split); inside a CUDA graph they come from its pool
-    acc = torch.empty((rows, heads, 0 if final else splits, dim), device=query.device, dtype=torch.float32)
-    top = torch.empty((rows, heads, 0 if final else splits), device=query.device, dtype=torch.float32)
-    total = torch.empty_like(top)
     out = torch.empty((rows, 1, heads, dim), device=query.device, dtype=query.dtype)
+    if final:  # no partials: the kernel neither reads nor writes them, `out` stands in for their pointers
+        acc = top = total = out
+    else:  # scratch for the partials; inside a CUDA graph they come from its pool
+        acc = torch.empty((rows, heads, splits, dim), device=query.device, dtype=torch.float32)
+        top = torch.empty((rows, heads, splits), device=query.device, dtype=torch.float32)
+        total = torch.empty_like(top)
     _split_kernel[(rows * kv_heads, splits)](
         query,
         key,
