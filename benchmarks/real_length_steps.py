@@ -162,11 +162,15 @@ def run_row(shape: tuple[str, int, int], spec: str, sets: list[str], out: Path, 
 def valid_tokens(steps: list[dict[str, Any]]) -> dict[int, float]:
     """Real tokens (prompts and completions) each step's scoring and loss computed, by step: the growth of TRL's
     running `num_tokens`, which counts them from the attention masks whatever the layout (padded or packed)."""
-    out, seen = {}, 0.0
+    out: dict[int, float] = {}
+    before: tuple[int, float] = (0, 0.0)  # the last step whose count was read, and its count
     for record in steps:
-        total = record.get("num_tokens")
-        if isinstance(total, (int, float)) and not isinstance(total, bool) and isinstance(record.get("step"), int):
-            out[record["step"]], seen = total - seen, total
+        step, total = record.get("step"), record.get("num_tokens")
+        if type(step) is not int or not isinstance(total, (int, float)) or isinstance(total, bool):
+            continue
+        if before[0] == step - 1:  # a step without a count in between leaves the next one unknown
+            out[step] = total - before[1]
+        before = (step, total)
     return out
 
 

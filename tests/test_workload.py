@@ -190,6 +190,8 @@ def test_whole_step_rows_count_valid_tokens_and_read_again_from_their_runs(tmp_p
     for step, total, seconds in ((1, 100, 9.0), (2, 230, 2.0), (3, 330, 4.0)):
         writer.write({"step": step, "num_tokens": total, "time_s/step": seconds, "generation/tokens": 10 * step})
     writer.close()
+    # A step whose record lacks the count leaves the next step's unknown, not twice as large
+    assert bench.valid_tokens([{"step": 1, "num_tokens": 10}, {"step": 2}, {"step": 3, "num_tokens": 50}]) == {1: 10}
     row = bench.read_row({"label": "0.6b 8x4 ours", "spec": "ours", "batch": 8, "cap": 4, "exit": 0}, runs)
     assert row["steps"] == [2, 3] and row["valid_tokens"] == 115.0 and row["step_s"] == 3.0
     assert row["generated_tokens"] == 25.0 and row["exit"] == 0
