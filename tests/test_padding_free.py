@@ -57,6 +57,14 @@ def test_length_groups_are_equal_sorted_runs_of_the_row_count() -> None:
     assert [len(g.rows) for g in length_groups(lengths, 2)] == [2, 2, 2, 2, 1]  # a sub-batch bound below it
 
 
+def test_the_group_count_is_the_presets_and_a_row_bound_still_splits() -> None:
+    lengths = [7, 1, 3, 3, 9, 2, 2, 8, 5]
+    assert length_groups(lengths, groups=1) == [length_groups_module.RowGroup([4, 7, 0, 8, 2, 3, 5, 6, 1], 9)]
+    assert [len(g.rows) for g in length_groups(lengths, groups=2)] == [5, 4]  # ceil(9 / 2)
+    assert [len(g.rows) for g in length_groups(lengths, 4, None, groups=1)] == [4, 4, 1]  # loss_sub_batch 4
+    assert len(length_groups(lengths, groups=64)) == 9  # never more groups than rows
+
+
 def test_below_the_grouped_cap_only_the_row_bound_splits(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(length_groups_module, "GROUPED_MIN_CAP", 64)
     lengths = [7, 1, 3, 3, 9, 2, 2, 8, 5]
@@ -174,6 +182,19 @@ def test_step_equals_the_padded_step(
     assert any(rows != sorted(rows) or len(rows) == 1 for rows, _, _ in groups_seen)
     loss, padded_loss = grouped.token_counts.take()["loss"], padded.token_counts.take()["loss"]
     assert loss[0] == padded_loss[0] and loss[1] < padded_loss[1]  # same real tokens, fewer computed
+
+
+@pytest.mark.parametrize("peft", [None, LORA])
+def test_one_length_group_gives_the_steps_of_four(
+    tiny_model_path: Path, tmp_path: Path, groups_seen: list, peft: dict | None
+) -> None:
+    # grpo.length_groups = 1: one forward per micro-batch and per scoring batch, the same steps as four groups
+    four = train(tmp_path, "four", "chunked", peft=peft, padding_free=True)
+    groups_seen.clear()
+    one = train(tmp_path, "one", "chunked", peft=peft, padding_free=True, length_groups=1)
+    assert_same_steps(four, one, SLICED_TOL)
+    assert [len(rows) for rows, *_ in groups_seen] == [8, 8]  # the loss: one slice of each micro-batch of 8
+    assert one.token_counts.take()["loss"][0] == four.token_counts.take()["loss"][0]
 
 
 def test_the_loss_phase_holds_one_group_of_activations(tiny_model_path: Path, tmp_path: Path, monkeypatch) -> None:

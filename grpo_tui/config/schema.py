@@ -227,6 +227,12 @@ class GrpoSection(_Section):
         "completion and, with loss.impl chunked under sdpa, packed into one sequence of real tokens (same log-probs; "
         "false: TRL's padded batches)",
     )
+    length_groups: Count = Field(
+        4,
+        description="Forwards a scoring batch and a loss micro-batch are split into under padding_free, rows sorted "
+        "by completion length (more where a sub_batch bound asks). More: a lower activation peak and, unpacked, "
+        "less padding; fewer: less of each forward's fixed cost (kernel launches, FSDP's gathers)",
+    )
 
 
 class LossSection(_Section):

@@ -22,9 +22,11 @@ import torch
 
 from grpo_tui.runs.metrics import TOKEN_PHASES, valid_share_key
 
-# Groups per scoring batch and loss micro-batch (more where a sub-batch bound asks). Sorted rows in four equal
-# groups, each cut after its own longest completion, compute 1.2-1.3x the real tokens at the benchmarks'
-# realistic lengths (mean 35% of the cap, 10% of rows at it; 150-token prompts), against 2.2-2.6x padded.
+# Groups per scoring batch and loss micro-batch by default (grpo.length_groups; more where a sub-batch bound asks).
+# Sorted rows in four equal groups, each cut after its own longest completion, compute 1.2-1.3x the real tokens at
+# the benchmarks' realistic lengths (mean 35% of the cap, 10% of rows at it; 150-token prompts), against 2.2-2.6x
+# padded. Packed, no group computes padding, and the count only trades the activation peak against each forward's
+# fixed costs.
 GROUPS = 4
 # Completion caps below this are not split into more forwards than asked: each forward's fixed cost outweighs the
 # padding a group saves (the tiny preset, cap 4, on the CPU: four groups made the loss phase 2.4x slower). The cap,
@@ -61,13 +63,15 @@ def chunk_groups(lengths: Sequence[int], rows: int) -> list[RowGroup]:
     ]
 
 
-def length_groups(lengths: Sequence[int], max_rows: int | None = None, cap: int | None = None) -> list[RowGroup]:
-    """The groups a forward pass over these rows runs: sorted rows in groups of ceil(n / GROUPS), or of `max_rows`
-    where that bound is smaller. Under a completion cap below GROUPED_MIN_CAP: groups of `max_rows` (one without),
-    still each cut after its longest completion."""
+def length_groups(
+    lengths: Sequence[int], max_rows: int | None = None, cap: int | None = None, groups: int = GROUPS
+) -> list[RowGroup]:
+    """The groups a forward pass over these rows runs: sorted rows in groups of ceil(n / `groups`), or of
+    `max_rows` where that bound is smaller. Under a completion cap below GROUPED_MIN_CAP: groups of `max_rows` (one
+    without), still each cut after its longest completion."""
     if cap is not None and cap < GROUPED_MIN_CAP:
         return chunk_groups(lengths, max_rows or len(lengths))
-    size = max(1, math.ceil(len(lengths) / GROUPS))
+    size = max(1, math.ceil(len(lengths) / max(1, groups)))
     return chunk_groups(lengths, size if max_rows is None else min(size, max_rows))
 
 

@@ -179,6 +179,7 @@ class LossPhaseMixin:
     loss_sub_batch: int | None = None
     activation_offload: bool = False
     padding_free: bool = False
+    group_count: int = 4  # grpo.length_groups
     packs: bool = False  # each slice's forward runs packed (the trainer's property)
     offload_manager: contextlib.AbstractContextManager | None = None
 
@@ -199,7 +200,7 @@ class LossPhaseMixin:
         lengths = completion_lengths(inputs["completion_mask"])
         if slicing_problems(self):
             return [RowGroup(list(range(batch)), max(1, max(lengths, default=1)))]
-        return length_groups(lengths, self.loss_sub_batch, self.max_completion_length)
+        return length_groups(lengths, self.loss_sub_batch, self.max_completion_length, self.group_count)
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         if not torch.is_grad_enabled():

@@ -21,6 +21,7 @@ class TrainerOptions:
     loss_sub_batch: int | None = None
     activation_offload: bool = False
     padding_free: bool = False
+    length_groups: int = 4  # grpo.length_groups (`length_groups.length_groups`)
     sdpa_kernels: tuple[str, ...] = ()  # model.sdpa_kernels: held for the whole step (`training_attention`)
     compile_layers: bool = False  # model.compile_layers (`layer_compile`)
     profile_dir: str | None = None  # $GRPO_TUI_PROFILE_STEP profiles one step into it; None: no profiling
@@ -38,6 +39,7 @@ class TrainerOptions:
             loss_sub_batch=g.loss_sub_batch,
             activation_offload=g.activation_offload,
             padding_free=g.padding_free,
+            length_groups=g.length_groups,
             sdpa_kernels=tuple(preset.model.sdpa_kernels),
             compile_layers=preset.model.compile_layers,
             profile_dir=profile_dir,

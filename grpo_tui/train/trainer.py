@@ -48,7 +48,7 @@ class GrpoTuiTrainer(LossPhaseMixin, GRPOTrainer):
         self.scoring_sub_batch = options.scoring_sub_batch
         self.loss_sub_batch, self.activation_offload = options.loss_sub_batch, options.activation_offload
         self.sdpa_kernels = options.sdpa_kernels
-        self.padding_free = options.padding_free
+        self.padding_free, self.group_count = options.padding_free, options.length_groups
         self.token_counts = TokenCounts()
         self.on_step_logged = on_step_logged
         self.last_train_logps: torch.Tensor | None = None  # the last loss forward's log-probs (decode mismatch)
@@ -195,7 +195,7 @@ class GrpoTuiTrainer(LossPhaseMixin, GRPOTrainer):
         (grpo.padding_free; `length_groups` picks the groups, none over `batch_size` rows); cut columns come back 0."""
         rows, prompt_width = input_ids.size(0), input_ids.size(1) - logits_to_keep
         lengths = completion_lengths(attention_mask[:, prompt_width:])
-        groups = length_groups(lengths, batch_size or rows, self.max_completion_length)
+        groups = length_groups(lengths, batch_size or rows, self.max_completion_length, self.group_count)
         logps = entropies = None
         for group in groups:
             index = torch.tensor(group.rows, device=input_ids.device)
