@@ -27,20 +27,15 @@ from grpo_tui.train.decode_attention import folded_attention
 
 KV_HEADS, GROUP, DIM = 8, 2, 128
 GRID = {"block": (64, 128), "stages": (2, 3), "warps": (4, 8), "target": (528, 2112), "rowsplit": (0, 1)}
-
-
-def defaults(module: Any) -> dict[str, int]:
-    """The kernel's own settings, as the grid names them."""
-    return {
-        "block": module.BLOCK_KEYS,
-        "stages": module.NUM_STAGES,
-        "warps": module.NUM_WARPS,
-        "target": module.TARGET_PROGRAMS,
-        "rowsplit": int(module.ROW_SPLITS),
-    }
-
-
-DEFAULT = defaults(da)
+# The kernel module's constant behind each grid name
+SETTINGS = {
+    "block": "BLOCK_KEYS",
+    "stages": "NUM_STAGES",
+    "warps": "NUM_WARPS",
+    "target": "TARGET_PROGRAMS",
+    "rowsplit": "ROW_SPLITS",
+}
+DEFAULT = {name: int(getattr(da, constant)) for name, constant in SETTINGS.items()}
 
 
 def inputs(rows: int, length: int, filled: int, device: str, dtype: torch.dtype, seed: int = 0) -> tuple:
@@ -78,21 +73,23 @@ def timed_us(fn: Any, cuda: bool, reps: int = 200) -> float:
 
 
 def apply(setting: dict[str, int]) -> None:
-    da.BLOCK_KEYS, da.NUM_STAGES = setting["block"], setting["stages"]
-    da.NUM_WARPS, da.TARGET_PROGRAMS = setting["warps"], setting["target"]
-    da.ROW_SPLITS = bool(setting["rowsplit"])
+    """Set the kernel's constants the setting names (the others stay)."""
+    for name, value in setting.items():
+        setattr(da, SETTINGS[name], bool(value) if name == "rowsplit" else value)
+
+
+def parse_part(part: str, option: str) -> tuple[str, tuple[int, ...]]:
+    """One `NAME=INT[,INT...]` of an option's text: the grid name and its values; a one-line ValueError else."""
+    name, _, values = part.partition("=")
+    items = values.split(",")
+    if name not in GRID or not values or not all(v.isdecimal() for v in items):
+        raise ValueError(f"{option}: got {part!r}; allowed: NAME=INT[,INT...] with NAME in {', '.join(GRID)}")
+    return name, tuple(int(v) for v in items)
 
 
 def parse_grid(text: str) -> dict[str, tuple[int, ...]]:
     """`block=32,64;stages=1,2,3` -> GRID with those axes replaced (the others keep GRID's values)."""
-    grid = dict(GRID)
-    for part in filter(None, text.split(";")):
-        name, _, values = part.partition("=")
-        items = values.split(",")
-        if name not in GRID or not values or not all(v.isdecimal() for v in items):
-            raise ValueError(f"--grid: got {part!r}; allowed: NAME=INT[,INT...] with NAME in {', '.join(GRID)}")
-        grid[name] = tuple(int(v) for v in items)
-    return grid
+    return {**GRID, **dict(parse_part(part, "--grid") for part in filter(None, text.split(";")))}
 
 
 def run_shape(shape: tuple[int, int, int], settings: list[dict[str, int]], device: str) -> tuple[dict, list[dict]]:

@@ -262,16 +262,17 @@ def kernel_kinds(prof: Any, wall_s: float) -> dict[str, Any]:
     as any other."""
     from torch.autograd import DeviceType
 
-    kinds: dict[str, list[float]] = {}
-    names: dict[str, list[float]] = {}
+    names: dict[str, list[float]] = {}  # per kernel name: ms, launches
     for event in prof.events():
-        if event.device_type != DeviceType.CUDA:
-            continue
-        ms = event.time_range.elapsed_us() / 1000
-        for table, key in ((kinds, kernel_kind(event.name)), (names, event.name)):
-            entry = table.setdefault(key, [0.0, 0])
-            entry[0] += ms
+        if event.device_type == DeviceType.CUDA:
+            entry = names.setdefault(event.name, [0.0, 0])
+            entry[0] += event.time_range.elapsed_us() / 1000
             entry[1] += 1
+    kinds: dict[str, list[float]] = {}  # each name sorted into its kind once, not each launch
+    for name, (ms, n) in names.items():
+        entry = kinds.setdefault(kernel_kind(name), [0.0, 0])
+        entry[0] += ms
+        entry[1] += n
     busy = sum(ms for ms, _ in kinds.values())
     longest = sorted(names.items(), key=lambda item: -item[1][0])[:TOP_KERNELS]
     return {
@@ -290,8 +291,6 @@ def decode_options(inductor_text: str, attention_text: str) -> tuple[list[str], 
     settings) and return them as the result records them; a one-line ValueError for names or values not allowed."""
     import decode_attention_bench
 
-    import grpo_kernels.decode_attention as da
-
     inductor = [name for name in inductor_text.split(",") if name]
     if inductor:
         import torch._inductor.config as inductor_config
@@ -303,20 +302,18 @@ def decode_options(inductor_text: str, attention_text: str) -> tuple[list[str], 
             )
     attention: dict[str, int] = {}
     for part in filter(None, attention_text.split(";")):
-        name, _, value = part.partition("=")
+        name, values = decode_attention_bench.parse_part(part, "--attention")
         low, high = (0, 1) if name == "rowsplit" else (1, 4096)
-        known = name in decode_attention_bench.GRID and name not in attention
-        if not (known and value.isdecimal() and low <= int(value) <= high):
-            names = ", ".join(decode_attention_bench.GRID)
+        if len(values) != 1 or name in attention or not low <= values[0] <= high:
             raise ValueError(
-                f"--attention: got {part!r}; allowed: NAME=INT, ';' between, each NAME once, one of {names} "
+                f"--attention: got {part!r}; allowed: NAME=INT, ';' between, each NAME once "
                 "(rowsplit 0 or 1, the others 1 to 4096)"
             )
-        attention[name] = int(value)
+        attention[name] = values[0]
     from grpo_tui.train import generation
 
     generation.DECODE_COMPILE_OPTIONS = dict.fromkeys(inductor, True) if inductor else None
-    decode_attention_bench.apply({**decode_attention_bench.defaults(da), **attention})
+    decode_attention_bench.apply(attention)
     return inductor, attention
 
 

@@ -53,7 +53,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from step_times import device_name, mean_step, peak_mib, pick_steps
+from step_times import device_name, mean_of, mean_step, peak_mib, pick_steps
 
 from grpo_tui.runs.metrics import (
     GENERATION_BACKEND_KEY,
@@ -192,10 +192,6 @@ def read_row(row: dict[str, Any], runs: Path, only: list[int] | None = None) -> 
     merged = mean_step(steps)
     peak = peak_mib(merged["memory"])
 
-    def mean(values: list[Any]) -> float | None:
-        numbers = [v for v in values if isinstance(v, (int, float))]
-        return round(sum(numbers) / len(numbers), 4) if numbers else None
-
     tokens = valid_tokens(every)
     row.update(
         backend=merged[GENERATION_BACKEND_KEY],
@@ -205,9 +201,9 @@ def read_row(row: dict[str, Any], runs: Path, only: list[int] | None = None) -> 
         scoring_s=merged[phase_time_key("scoring")],
         loss_s=merged[phase_time_key("loss")],
         peak_gib=round(peak / 1024, 2) if peak else None,
-        generated_tokens=mean([s.get(GENERATION_TOKENS_KEY) for s in steps]),
-        valid_tokens=mean([tokens.get(s["step"]) for s in steps]),
-        valid_share={phase: mean([s.get(valid_share_key(phase)) for s in steps]) for phase in TOKEN_PHASES},
+        generated_tokens=mean_of([s.get(GENERATION_TOKENS_KEY) for s in steps]),
+        valid_tokens=mean_of([tokens.get(s["step"]) for s in steps]),
+        valid_share={phase: mean_of([s.get(valid_share_key(phase)) for s in steps]) for phase in TOKEN_PHASES},
         steps=[s["step"] for s in steps],
     )
     return row

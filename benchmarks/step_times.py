@@ -46,7 +46,8 @@ def pick_steps(steps: list[dict[str, Any]], skip: set[int]) -> list[dict[str, An
     return later or candidates
 
 
-def _mean(values: list[Any]) -> float | None:
+def mean_of(values: list[Any]) -> float | None:
+    """The mean of the numbers among `values` (4 decimals), None where there are none."""
     numbers = [v for v in values if isinstance(v, (int, float))]
     return round(sum(numbers) / len(numbers), 4) if numbers else None
 
@@ -56,7 +57,7 @@ def mean_step(steps: list[dict[str, Any]]) -> dict[str, Any]:
     highest peak, `step` as "2-4"."""
     keys = [STEP_TIME_KEY, "step_time", GENERATION_RATE_KEY, *(phase_time_key(p) for p in PHASES)]
     keys += [COPY_REFRESH_KEY, MISMATCH_MEAN_KEY, "completions/mean_length"]
-    merged: dict[str, Any] = {key: _mean([r.get(key) for r in steps]) for key in keys}
+    merged: dict[str, Any] = {key: mean_of([r.get(key) for r in steps]) for key in keys}
     numbers = [r.get("step") for r in steps]
     merged["step"] = f"{numbers[0]}-{numbers[-1]}" if len(numbers) > 1 else numbers[0]
     merged["memory"] = max((r.get("memory") or {} for r in steps), key=peak_mib)

@@ -523,7 +523,7 @@ def decode_knobs(monkeypatch) -> None:
     import grpo_kernels.decode_attention as da
     from grpo_tui.train import generation
 
-    for name in ("BLOCK_KEYS", "NUM_STAGES", "NUM_WARPS", "TARGET_PROGRAMS", "ROW_SPLITS"):
+    for name in load_benchmark("decode_attention_bench").SETTINGS.values():
         monkeypatch.setattr(da, name, getattr(da, name))
     monkeypatch.setattr(generation, "DECODE_COMPILE_OPTIONS", generation.DECODE_COMPILE_OPTIONS)
 
@@ -551,7 +551,7 @@ def test_benchmark_decode_options_of_any_text_are_set_or_one_line(inductor: str,
     from grpo_tui.train import generation
 
     options = load_benchmark("generation_bench").decode_options
-    saved = {n: getattr(da, n) for n in ("BLOCK_KEYS", "NUM_STAGES", "NUM_WARPS", "TARGET_PROGRAMS", "ROW_SPLITS")}
+    saved = {n: getattr(da, n) for n in load_benchmark("decode_attention_bench").SETTINGS.values()}
     compile_options = generation.DECODE_COMPILE_OPTIONS
     try:
         got_inductor, got_attention = options(inductor, attention)

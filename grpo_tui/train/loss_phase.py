@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from grpo_tui.train.length_groups import RowGroup, completion_lengths, length_groups
+from grpo_tui.train.length_groups import GROUPS, RowGroup, completion_lengths, length_groups
 
 # How TRL 1.16's `_compute_loss` normalises each loss type, hence each slice's share of the loss.
 PER_SEQUENCE_LOSSES = ("grpo", "sapo", "luspo", "dr_grpo")  # / number of sequences: share n_slice / n
@@ -179,7 +179,7 @@ class LossPhaseMixin:
     loss_sub_batch: int | None = None
     activation_offload: bool = False
     padding_free: bool = False
-    group_count: int = 4  # grpo.length_groups
+    group_count: int = GROUPS  # grpo.length_groups
     packs: bool = False  # each slice's forward runs packed (the trainer's property)
     offload_manager: contextlib.AbstractContextManager | None = None
 
