@@ -196,18 +196,22 @@ for phase in "$@"; do
       # masks (rows from a left-padding offset below 200), then graph rollouts at DECODEAB_BATCHES x 256 (default
       # 128,16), one profiled at 128, per variant. DECODEAB_VARIANTS: NAME=ARGS items, ARGS generation_bench.py's
       # --attention and --inductor with ':' for spaces (default: base, the splits cut from each row's run, the
-      # GEMMs autotuned by inductor). The variants named in DECODEAB_CODE (default base) log inductor's generated
-      # code (TORCH_LOGS=output_code) into their .log: which ops each decode-step kernel fuses.
+      # GEMMs autotuned by inductor); NAME@SECONDS=ARGS gives that variant its own limit (default DECODEAB_TIMEOUT).
+      # The variants named in DECODEAB_CODE (default base) log inductor's generated code (TORCH_LOGS=output_code)
+      # into their .log: which ops each decode-step kernel fuses. DECODEAB_GRID=none skips the kernel grid.
       build_model || exit 1
       mkdir -p "$OUT/decodeab"
-      timeout ${DECODEAB_ATTN_TIMEOUT:-90} python3 benchmarks/decode_attention_bench.py \
-        --shapes 128x512x384,128x512x300,16x512x384 --grid "${DECODEAB_GRID:-stages=2,3;warps=4;block=64;target=528,1056,2112,4224;rowsplit=0,1}" \
-        --out "$OUT/decodeab/attention" > "$OUT/decodeab/attention.log" 2>&1
-      grep '^{' "$OUT/decodeab/attention.log" | cut -c1-300
+      if [ "${DECODEAB_GRID:-}" != none ]; then
+        timeout ${DECODEAB_ATTN_TIMEOUT:-90} python3 benchmarks/decode_attention_bench.py \
+          --shapes 128x512x384,128x512x300,16x512x384 --grid "${DECODEAB_GRID:-stages=2,3;warps=4;block=64;target=528,1056,2112,4224;rowsplit=0,1}" \
+          --out "$OUT/decodeab/attention" > "$OUT/decodeab/attention.log" 2>&1
+        grep '^{' "$OUT/decodeab/attention.log" | cut -c1-300
+      fi
       for item in ${DECODEAB_VARIANTS:-base= rowsplit=--attention:rowsplit=1 autotune=--inductor:max_autotune}; do
-        name=${item%%=*}; args=${item#*=}
+        name=${item%%=*}; args=${item#*=}; limit=${DECODEAB_TIMEOUT:-150}
+        if [[ $name == *@* ]]; then limit=${name#*@}; name=${name%%@*}; fi
         code=""; [[ " ${DECODEAB_CODE:-base} " == *" $name "* ]] && code=output_code
-        TORCH_LOGS=$code timeout ${DECODEAB_TIMEOUT:-150} python3 benchmarks/generation_bench.py --data "$GSM8K" --budget-s $(( ${DECODEAB_TIMEOUT:-150} - 30 )) \
+        TORCH_LOGS=$code timeout $limit python3 benchmarks/generation_bench.py --data "$GSM8K" --budget-s $(( limit - 30 )) \
           --backends graph --batches ${DECODEAB_BATCHES:-128,16} --no-sampling graph --profile-batch 128 ${args//:/ } \
           --out "$OUT/decodeab/$name" > "$OUT/decodeab/$name.log" 2>&1
         echo "$name: $(grep '^graph ' "$OUT/decodeab/$name.log" | tr -s ' ' | cut -d' ' -f1-9 | tr '\n' '|')"
