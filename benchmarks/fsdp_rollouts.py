@@ -53,14 +53,15 @@ SPECS: dict[str, tuple[bool, bool, tuple[str, ...]]] = {
     "graph-no-lora-live": (False, False, ("distributed.fsdp=false", "peft.enabled=false", "grpo.decode_copy=off")),
     "trl-user-lora": (False, True, ("distributed.fsdp=false", "loss.impl=trl", "grpo.generation_backend=generate")),
     "fsdp2-generate": (True, True, ("grpo.generation_backend=generate",)),
-    # One length group for scoring and each loss micro-batch instead of four: each forward's fixed costs once
-    "fsdp2-graph-keep-1group": (True, True, ("grpo.length_groups=1",)),
-    "graph-lora-merged-1group": (False, True, ("distributed.fsdp=false", "grpo.length_groups=1")),
+    # Four length groups for scoring and each loss micro-batch, as padded groups run, instead of the packed default of
+    # one: each forward's fixed costs four times, for a lower activation peak
+    "fsdp2-graph-keep-4groups": (True, True, ("grpo.length_groups=4",)),
+    "graph-lora-merged-4groups": (False, True, ("distributed.fsdp=false", "grpo.length_groups=4")),
 }
 # Seconds a run stopped at its time limit gets to finish its step before it is killed
 STOP_GRACE_S = 30
 DEFAULT_SPECS = [
-    label for label in SPECS if not label.endswith("-1group") and label not in ("fsdp2-generate", "graph-no-lora-live")
+    label for label in SPECS if not label.endswith("-4groups") and label not in ("fsdp2-generate", "graph-no-lora-live")
 ]
 
 

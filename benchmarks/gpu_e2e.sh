@@ -210,8 +210,9 @@ for phase in "$@"; do
       for item in ${DECODEAB_VARIANTS:-base= rowsplit=--attention:rowsplit=1 autotune=--inductor:max_autotune}; do
         name=${item%%=*}; args=${item#*=}; limit=${DECODEAB_TIMEOUT:-150}
         if [[ $name == *@* ]]; then limit=${name#*@}; name=${name%%@*}; fi
-        code=""; [[ " ${DECODEAB_CODE:-base} " == *" $name "* ]] && code=output_code
-        TORCH_LOGS=$code timeout $limit python3 benchmarks/generation_bench.py --data "$GSM8K" --budget-s $(( limit - 30 )) \
+        # An empty TORCH_LOGS stops torch at import: set it only where asked
+        code=(); [[ " ${DECODEAB_CODE:-base} " == *" $name "* ]] && code=(TORCH_LOGS=output_code)
+        env "${code[@]}" timeout $limit python3 benchmarks/generation_bench.py --data "$GSM8K" --budget-s $(( limit - 30 )) \
           --backends graph --batches ${DECODEAB_BATCHES:-128,16} --no-sampling graph --profile-batch 128 ${args//:/ } \
           --out "$OUT/decodeab/$name" > "$OUT/decodeab/$name.log" 2>&1
         echo "$name: $(grep '^graph ' "$OUT/decodeab/$name.log" | tr -s ' ' | cut -d' ' -f1-9 | tr '\n' '|')"

@@ -19,8 +19,8 @@ whose completions run to the cap (random weights never emit EOS): the no-padding
                     (torch's choice on Hopper) are planned again for each new sequence length, and grouped rows
                     meet a few new lengths every step (model.sdpa_kernels)
     ours-compiled   ours-compact with the decoder layers compiled for scoring and the loss (model.compile_layers)
-    ours-1group     ours-compact with one length group, not four, per scoring batch and loss micro-batch
-                    (grpo.length_groups = 1): packed, the groups only bound the activation peak
+    ours-4groups    ours-compact with four length groups per scoring batch and loss micro-batch, not the packed
+                    default of one (grpo.length_groups = 4): packed, the groups only bound the activation peak
     ours-to-cap     ours with every completion at the cap
 
 Targets, per shape (the `targets` of the result; None where a run is missing):
@@ -34,7 +34,7 @@ train valid share = the real tokens scoring and the loss compute in `ours` (prom
 phases' valid share counts them; a row's `valid_tokens`, from TRL's `num_tokens`) / those of `ours-to-cap`.
 `train_allowance_completions` is the train ratio with the completions' share instead: it charges ours for the
 prompts, which both runs compute in full. `ours-compact` gets the same ratios as `compact_*`, `ours-efficient` as
-`efficient_*`, `ours-compiled` as `compiled_*`, `ours-1group` as `onegroup_*`. Writes DIR/real-length-steps.json.
+`efficient_*`, `ours-compiled` as `compiled_*`, `ours-4groups` as `fourgroups_*`. Writes DIR/real-length-steps.json.
 `--merge` joins the rows of results measured on one device by separate calls (a short GPU session may not hold every
 spec; a later file's row replaces an earlier one of the same label; with --specs, only those specs' rows), keeps
 each file's command, and computes the targets again; with `--reread`, each row whose run folder is still beside its
@@ -87,7 +87,7 @@ SPECS: dict[str, tuple[str, str, bool, bool, tuple[str, ...]]] = {
         ("grpo.finished_rows=compact", 'model.sdpa_kernels=["efficient"]'),
     ),
     "ours-compiled": ("chunked", "graph", True, True, ("grpo.finished_rows=compact", "model.compile_layers=true")),
-    "ours-1group": ("chunked", "graph", True, True, ("grpo.finished_rows=compact", "grpo.length_groups=1")),
+    "ours-4groups": ("chunked", "graph", True, True, ("grpo.finished_rows=compact", "grpo.length_groups=4")),
     "ours-to-cap": ("chunked", "graph", True, False, ()),
 }
 DEFAULT_SHAPES = "0.6b:128x1024,0.6b:64x2048,1.7b-lora:32x1024"
@@ -232,7 +232,7 @@ def targets(rows: list[dict[str, Any]]) -> dict[str, dict[str, float | None]]:
             ("ours-compact", "compact_"),
             ("ours-efficient", "efficient_"),
             ("ours-compiled", "compiled_"),
-            ("ours-1group", "onegroup_"),
+            ("ours-4groups", "fourgroups_"),
         ):
             ours = specs.get(name)
             if ours is None:

@@ -29,6 +29,7 @@ from grpo_tui.runs.folder import RunDir
 from grpo_tui.runs.metrics import valid_share_key
 from grpo_tui.train import assemble
 from grpo_tui.train import length_groups as length_groups_module
+from grpo_tui.train.length_groups import GROUPS, PACKED_GROUPS
 
 
 @pytest.fixture(autouse=True)
@@ -174,12 +175,24 @@ def test_a_model_packing_cannot_run_keeps_length_groups(tmp_path: Path, tiny_mod
     trainer = sdpa_trainer(tmp_path, attn="eager")
     with mock.patch.object(trainer, "padding_free", True):
         assert not trainer.packs and "eager" in trainer.packing_refusal
+        assert trainer.group_count == GROUPS  # padded groups: more of them compute less padding
+
+
+def test_packed_forwards_run_one_group_unless_the_preset_asks(tmp_path: Path, tiny_model_path: Path) -> None:
+    trainer = sdpa_trainer(tmp_path)
+    with mock.patch.object(trainer, "padding_free", True):
+        assert trainer.packs and trainer.group_count == PACKED_GROUPS == 1
+        trainer.loss_impl = "trl"  # the live switch to TRL's head: padded groups again
+        assert not trainer.packs and trainer.group_count == GROUPS
+        trainer.loss_impl = "chunked"
+        with mock.patch.object(trainer, "groups_setting", 3):
+            assert trainer.group_count == 3  # grpo.length_groups set: as set, packed or not
 
 
 @pytest.mark.parametrize(
     ("loss_type", "extra"),
     [
-        ("grpo", {}),
+        ("grpo", {"length_groups": 4}),
         ("dapo", {"peft": LORA, "gradient_checkpointing": True, "loss_sub_batch": 2}),
         ("bnpo", {"activation_offload": True, "importance_sampling_level": "sequence"}),
     ],
@@ -193,10 +206,11 @@ def test_packed_step_equals_the_padded_step(
     packed = train(tmp_path, "packed", "chunked", attn="sdpa", padding_free=True, **config)
     assert packed.packs
     assert_same_steps(padded, packed, SLICED_TOL)
-    # Two micro-batches of 8 rows, four length groups each (pairs under loss_sub_batch 2), every one packed, and
-    # scoring's forwards (reference and old log-probs) too.
+    # Two micro-batches of 8 rows, each one packed forward unless asked for more (four groups; pairs under
+    # loss_sub_batch 2), and scoring's forwards (reference and old log-probs) packed too.
+    per_micro_batch = 8 // extra["loss_sub_batch"] if "loss_sub_batch" in extra else extra.get("length_groups", 1)
     loss_packs = [rows for rows, grad in packs_seen if grad]
-    assert len(loss_packs) == 2 * 4 and sum(loss_packs) == 2 * 8 and len(packs_seen) > len(loss_packs)
+    assert len(loss_packs) == 2 * per_micro_batch and sum(loss_packs) == 2 * 8 and len(packs_seen) > len(loss_packs)
     loss = packed.token_counts.take()["loss"]
     assert loss[0] == loss[1] == padded.token_counts.take()["loss"][0]  # computed the real tokens, all of them
 

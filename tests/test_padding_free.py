@@ -189,7 +189,7 @@ def test_one_length_group_gives_the_steps_of_four(
     tiny_model_path: Path, tmp_path: Path, groups_seen: list, peft: dict | None
 ) -> None:
     # grpo.length_groups = 1: one forward per micro-batch and per scoring batch, the same steps as four groups
-    four = train(tmp_path, "four", "chunked", peft=peft, padding_free=True)
+    four = train(tmp_path, "four", "chunked", peft=peft, padding_free=True, length_groups=4)
     groups_seen.clear()
     one = train(tmp_path, "one", "chunked", peft=peft, padding_free=True, length_groups=1)
     assert_same_steps(four, one, SLICED_TOL)

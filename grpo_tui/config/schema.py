@@ -227,11 +227,11 @@ class GrpoSection(_Section):
         "completion and, with loss.impl chunked under sdpa, packed into one sequence of real tokens (same log-probs; "
         "false: TRL's padded batches)",
     )
-    length_groups: Count = Field(
-        4,
+    length_groups: Count | None = Field(
+        None,
         description="Forwards a scoring batch and a loss micro-batch are split into under padding_free, rows sorted "
-        "by completion length (more where a sub_batch bound asks). More: a lower activation peak and, unpacked, "
-        "less padding; fewer: less of each forward's fixed cost (kernel launches, FSDP's gathers)",
+        "by completion length (more where a sub_batch bound asks; default: 1 packed, 4 padded). More: a lower "
+        "activation peak and, padded, less padding; fewer: less of each forward's fixed cost (Python, launches)",
     )
 
 

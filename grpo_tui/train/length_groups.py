@@ -22,12 +22,16 @@ import torch
 
 from grpo_tui.runs.metrics import TOKEN_PHASES, valid_share_key
 
-# Groups per scoring batch and loss micro-batch by default (grpo.length_groups; more where a sub-batch bound asks).
-# Sorted rows in four equal groups, each cut after its own longest completion, compute 1.2-1.3x the real tokens at
-# the benchmarks' realistic lengths (mean 35% of the cap, 10% of rows at it; 150-token prompts), against 2.2-2.6x
-# padded. Packed, no group computes padding, and the count only trades the activation peak against each forward's
-# fixed costs.
+# Groups per scoring batch and loss micro-batch by default when the groups run padded (grpo.length_groups unset;
+# more where a sub-batch bound asks). Sorted rows in four equal groups, each cut after its own longest completion,
+# compute 1.2-1.3x the real tokens at the benchmarks' realistic lengths (mean 35% of the cap, 10% of rows at it;
+# 150-token prompts), against 2.2-2.6x padded.
 GROUPS = 4
+# Packed, no group computes padding, so more groups only lower the activation peak, and each forward's fixed cost
+# (PEFT's and autograd's Python, kernel launches, FSDP's hooks) is paid again per group. Measured on an H100
+# (Qwen3-1.7B shape, LoRA, 32 x 256): the loss phase took 2.6 s in four groups against 1.1 s in one, with or
+# without FSDP2, for a peak 2.8 GiB higher (benchmarks/results/fsdp-rollouts-h100/).
+PACKED_GROUPS = 1
 # Completion caps below this are not split into more forwards than asked: each forward's fixed cost outweighs the
 # padding a group saves (the tiny preset, cap 4, on the CPU: four groups made the loss phase 2.4x slower). The cap,
 # not the lengths, decides, so that every rank runs as many forwards.
@@ -39,6 +43,14 @@ class RowGroup(NamedTuple):
 
     rows: list[int]
     width: int
+
+
+def forward_count(setting: int | None, packed: bool) -> int:
+    """Forwards per scoring batch and loss micro-batch: grpo.length_groups where set, else PACKED_GROUPS for packed
+    forwards and GROUPS for padded ones."""
+    if setting is not None:
+        return setting
+    return PACKED_GROUPS if packed else GROUPS
 
 
 def completion_lengths(completion_mask: torch.Tensor) -> list[int]:

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from grpo_tui.train.length_groups import GROUPS, RowGroup, completion_lengths, length_groups
+from grpo_tui.train.length_groups import RowGroup, completion_lengths, forward_count, length_groups
 
 # How TRL 1.16's `_compute_loss` normalises each loss type, hence each slice's share of the loss.
 PER_SEQUENCE_LOSSES = ("grpo", "sapo", "luspo", "dr_grpo")  # / number of sequences: share n_slice / n
@@ -179,7 +179,7 @@ class LossPhaseMixin:
     loss_sub_batch: int | None = None
     activation_offload: bool = False
     padding_free: bool = False
-    group_count: int = GROUPS  # grpo.length_groups
+    groups_setting: int | None = None  # grpo.length_groups (None: by whether the forwards run packed)
     packs: bool = False  # each slice's forward runs packed (the trainer's property)
     offload_manager: contextlib.AbstractContextManager | None = None
 
@@ -201,6 +201,12 @@ class LossPhaseMixin:
         if slicing_problems(self):
             return [RowGroup(list(range(batch)), max(1, max(lengths, default=1)))]
         return length_groups(lengths, self.loss_sub_batch, self.max_completion_length, self.group_count)
+
+    @property
+    def group_count(self) -> int:
+        """Forwards per scoring batch and loss micro-batch (`length_groups.forward_count`); read per batch, since the
+        live loss switch can change whether they run packed."""
+        return forward_count(self.groups_setting, self.packs)
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         if not torch.is_grad_enabled():

@@ -6,7 +6,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from grpo_tui.losses import LossSpec
-from grpo_tui.train.length_groups import GROUPS
 
 
 @dataclass(frozen=True)
@@ -22,7 +21,7 @@ class TrainerOptions:
     loss_sub_batch: int | None = None
     activation_offload: bool = False
     padding_free: bool = False
-    length_groups: int = GROUPS  # grpo.length_groups (`length_groups.length_groups`)
+    length_groups: int | None = None  # grpo.length_groups (None: `length_groups.forward_count` picks)
     sdpa_kernels: tuple[str, ...] = ()  # model.sdpa_kernels: held for the whole step (`training_attention`)
     compile_layers: bool = False  # model.compile_layers (`layer_compile`)
     profile_dir: str | None = None  # $GRPO_TUI_PROFILE_STEP profiles one step into it; None: no profiling

@@ -48,7 +48,7 @@ class GrpoTuiTrainer(LossPhaseMixin, GRPOTrainer):
         self.scoring_sub_batch = options.scoring_sub_batch
         self.loss_sub_batch, self.activation_offload = options.loss_sub_batch, options.activation_offload
         self.sdpa_kernels = options.sdpa_kernels
-        self.padding_free, self.group_count = options.padding_free, options.length_groups
+        self.padding_free, self.groups_setting = options.padding_free, options.length_groups
         self.token_counts = TokenCounts()
         self.on_step_logged = on_step_logged
         self.last_train_logps: torch.Tensor | None = None  # the last loss forward's log-probs (decode mismatch)
