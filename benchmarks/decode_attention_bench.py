@@ -26,15 +26,9 @@ import grpo_kernels.decode_attention as da
 from grpo_tui.train.decode_attention import folded_attention
 
 KV_HEADS, GROUP, DIM = 8, 2, 128
-GRID = {"block": (64, 128), "stages": (2, 3), "warps": (4, 8), "target": (528, 2112), "rowsplit": (0, 1)}
+GRID = {"block": (64, 128), "stages": (2, 3), "warps": (4, 8), "target": (528, 2112)}
 # The kernel module's constant behind each grid name
-SETTINGS = {
-    "block": "BLOCK_KEYS",
-    "stages": "NUM_STAGES",
-    "warps": "NUM_WARPS",
-    "target": "TARGET_PROGRAMS",
-    "rowsplit": "ROW_SPLITS",
-}
+SETTINGS = {"block": "BLOCK_KEYS", "stages": "NUM_STAGES", "warps": "NUM_WARPS", "target": "TARGET_PROGRAMS"}
 DEFAULT = {name: int(getattr(da, constant)) for name, constant in SETTINGS.items()}
 
 
@@ -75,7 +69,7 @@ def timed_us(fn: Any, cuda: bool, reps: int = 200) -> float:
 def apply(setting: dict[str, int]) -> None:
     """Set the kernel's constants the setting names (the others stay)."""
     for name, value in setting.items():
-        setattr(da, SETTINGS[name], bool(value) if name == "rowsplit" else value)
+        setattr(da, SETTINGS[name], value)
 
 
 def parse_part(part: str, option: str) -> tuple[str, tuple[int, ...]]:

@@ -303,11 +303,9 @@ def decode_options(inductor_text: str, attention_text: str) -> tuple[list[str], 
     attention: dict[str, int] = {}
     for part in filter(None, attention_text.split(";")):
         name, values = decode_attention_bench.parse_part(part, "--attention")
-        low, high = (0, 1) if name == "rowsplit" else (1, 4096)
-        if len(values) != 1 or name in attention or not low <= values[0] <= high:
+        if len(values) != 1 or name in attention or not 1 <= values[0] <= 4096:
             raise ValueError(
-                f"--attention: got {part!r}; allowed: NAME=INT, ';' between, each NAME once "
-                "(rowsplit 0 or 1, the others 1 to 4096)"
+                f"--attention: got {part!r}; allowed: NAME=INT, ';' between, each NAME once, INT 1 to 4096"
             )
         attention[name] = values[0]
     from grpo_tui.train import generation
@@ -370,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
         default="",
         metavar="NAME=INT[;NAME=INT]",
         help="settings of grpo_kernels' decode attention for every rollout (names as decode_attention_bench.py's "
-        "grid: block, stages, warps, target, rowsplit); default the kernel's own",
+        "grid: block, stages, warps, target); default the kernel's own",
     )
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)

@@ -203,11 +203,11 @@ for phase in "$@"; do
       mkdir -p "$OUT/decodeab"
       if [ "${DECODEAB_GRID:-}" != none ]; then
         timeout ${DECODEAB_ATTN_TIMEOUT:-90} python3 benchmarks/decode_attention_bench.py \
-          --shapes 128x512x384,128x512x300,16x512x384 --grid "${DECODEAB_GRID:-stages=2,3;warps=4;block=64;target=528,1056,2112,4224;rowsplit=0,1}" \
+          --shapes 128x512x384,128x512x300,16x512x384 --grid "${DECODEAB_GRID:-stages=2,3;warps=4;block=64;target=528,1056,2112,4224}" \
           --out "$OUT/decodeab/attention" > "$OUT/decodeab/attention.log" 2>&1
         grep '^{' "$OUT/decodeab/attention.log" | cut -c1-300
       fi
-      for item in ${DECODEAB_VARIANTS:-base= rowsplit=--attention:rowsplit=1 autotune=--inductor:max_autotune}; do
+      for item in ${DECODEAB_VARIANTS:-base= autotune@240=--inductor:max_autotune}; do
         name=${item%%=*}; args=${item#*=}; limit=${DECODEAB_TIMEOUT:-150}
         if [[ $name == *@* ]]; then limit=${name#*@}; name=${name%%@*}; fi
         # An empty TORCH_LOGS stops torch at import: set it only where asked

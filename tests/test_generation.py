@@ -534,8 +534,8 @@ def test_benchmark_sets_the_decode_kernel_and_compile_options_it_is_given(decode
 
     options = load_benchmark("generation_bench").decode_options
     target = da.TARGET_PROGRAMS
-    assert options("max_autotune", "rowsplit=1;warps=8") == (["max_autotune"], {"rowsplit": 1, "warps": 8})
-    assert da.ROW_SPLITS is True and da.NUM_WARPS == 8 and da.TARGET_PROGRAMS == target
+    assert options("max_autotune", "stages=3;warps=8") == (["max_autotune"], {"stages": 3, "warps": 8})
+    assert da.NUM_STAGES == 3 and da.NUM_WARPS == 8 and da.TARGET_PROGRAMS == target
     assert generation.DECODE_COMPILE_OPTIONS == {"max_autotune": True}
     assert generation.StaticDecoder(use_graph=False, compiled=True).compiled  # torch.compile takes the options
 
@@ -543,7 +543,7 @@ def test_benchmark_sets_the_decode_kernel_and_compile_options_it_is_given(decode
 @settings(max_examples=80, deadline=None)
 @given(
     inductor=st.sampled_from(["", "max_autotune", "coordinate_descent_tuning,max_autotune"]) | st.text(max_size=20),
-    attention=st.sampled_from(["", "rowsplit=1", "block=128;stages=3", "target=0", "rowsplit=2", "warps=4;warps=8"])
+    attention=st.sampled_from(["", "warps=8", "block=128;stages=3", "target=0", "rowsplit=1", "warps=4;warps=8"])
     | st.text(max_size=20),
 )
 def test_benchmark_decode_options_of_any_text_are_set_or_one_line(inductor: str, attention: str) -> None:
@@ -570,9 +570,9 @@ def test_benchmark_decode_options_of_any_text_are_set_or_one_line(inductor: str,
 def test_benchmark_refuses_a_bad_decode_option_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     bench = load_benchmark("generation_bench")
     with pytest.raises(SystemExit) as exit_info:
-        bench.main(["--device", "cpu", "--tiny", "--attention", "rowsplit=3", "--out", str(tmp_path)])
+        bench.main(["--device", "cpu", "--tiny", "--attention", "warps=0", "--out", str(tmp_path)])
     assert exit_info.value.code == 2
-    assert "--attention: got 'rowsplit=3'; allowed: NAME=INT" in capsys.readouterr().err.splitlines()[-1]
+    assert "--attention: got 'warps=0'; allowed: NAME=INT" in capsys.readouterr().err.splitlines()[-1]
     assert not (tmp_path / "generation-bench.json").exists()
 
 

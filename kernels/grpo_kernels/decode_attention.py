@@ -54,9 +54,6 @@ NUM_STAGES = 2
 # 53.6 us per call at 128 rows x 300 of 512 slots, 119.1 vs 183.1 at 512 rows): with no branch between one
 # block's keys and the next block's loads, the loads can be pipelined.
 HOIST_MASK_BLOCK = 1024
-# Where a program's split lies: within the row's allowed run of slots, cut evenly (True), or at fixed slot
-# ranges of the cache, which leave a left-padded row's first splits idle (False)
-ROW_SPLITS = False
 LOG2E = 1.4426950408889634
 
 
@@ -108,7 +105,6 @@ if HAS_TRITON:
         PRECISION: tl.constexpr,
         L_PAD: tl.constexpr,
         ONE_LOAD: tl.constexpr,
-        ROW_SPLITS: tl.constexpr,
         FINAL: tl.constexpr,
     ):
         # Program (row * KV_HEADS + kv, split): the GROUP query heads of kv over keys [lo, hi)
@@ -140,15 +136,11 @@ if HAS_TRITON:
                 row_mask = tl.load(mask_ptr + row * sm_r + more, mask=more < length, other=0) != 0
                 first = tl.minimum(first, tl.min(tl.where(row_mask, more, length), axis=0))
                 last = tl.maximum(last, tl.max(tl.where(row_mask, more, -1), axis=0))
-        if ROW_SPLITS:  # the splits share the row's allowed run [first, last], not the cache's slots
-            start0 = first // BLOCK * BLOCK
-            span = tl.cdiv(tl.maximum(last + 1 - start0, 0), splits)
-            span = tl.cdiv(span, BLOCK) * BLOCK
-            lo = start0 + split * span
-            hi = tl.minimum(lo + span, last + 1)
-        else:
-            lo = lo + tl.maximum(first - lo, 0) // BLOCK * BLOCK  # stays on the split's block grid
-            hi = tl.minimum(hi, last + 1)
+        # The split's fixed range of cache slots, cut to the row's allowed run. Splits cut from each row's own run
+        # instead (a left-padded row's first splits are idle here) were never faster on an H100 beyond noise, up
+        # to 16% slower (benchmarks/results/decode-fused-h100/).
+        lo = lo + tl.maximum(first - lo, 0) // BLOCK * BLOCK  # stays on the split's block grid
+        hi = tl.minimum(hi, last + 1)
         for start in range(lo, hi, BLOCK):
             n = start + tl.arange(0, BLOCK)
             allowed = tl.load(mask_ptr + row * sm_r + n, mask=n < hi, other=0) != 0  # [BLOCK]
@@ -308,7 +300,6 @@ def _decode_attention_op(
         # (constexprs: one compile per power of two of the length up to HOIST_MASK_BLOCK)
         L_PAD=min(next_pow2(length), HOIST_MASK_BLOCK),
         ONE_LOAD=next_pow2(length) <= HOIST_MASK_BLOCK,
-        ROW_SPLITS=ROW_SPLITS,
         FINAL=final,
         num_warps=NUM_WARPS,
         num_stages=NUM_STAGES,

@@ -20,23 +20,21 @@ LENGTH = 100  # 3 splits of 48 keys in the shrunk geometry: not a multiple of th
 
 
 @pytest.fixture(
-    params=[(1024, False, 32), (32, False, 32), (1024, True, 32), (32, True, 32), (1024, False, 1 << 20)],
-    ids=["mask-in-one-load", "mask-looped", "row-splits", "row-splits-mask-looped", "one-split"],
+    params=[(1024, 32), (32, 32), (1024, 1 << 20)],
+    ids=["mask-in-one-load", "mask-looped", "one-split"],
 )
 def kernel_backend(backend, monkeypatch, request):
     """The torch twin, or the Triton kernels under the interpreter with small blocks and many splits, reading
-    a row's mask for its loop bounds in one load, or in a loop of 32-slot loads as a long cache reads it; the
-    splits at fixed slot ranges of the cache or cut from each row's allowed run; or one split per row, which
-    writes the output without the merge."""
-    mask_block, row_splits, min_split = request.param
-    if backend == "torch" and (mask_block != 1024 or row_splits or min_split != 32):
-        pytest.skip("HOIST_MASK_BLOCK, ROW_SPLITS and the split size are settings of the Triton kernel only")
+    a row's mask for its loop bounds in one load, or in a loop of 32-slot loads as a long cache reads it; or one
+    split per row, which writes the output without the merge."""
+    mask_block, min_split = request.param
+    if backend == "torch" and (mask_block != 1024 or min_split != 32):
+        pytest.skip("HOIST_MASK_BLOCK and the split size are settings of the Triton kernel only")
     if backend == "triton":
         monkeypatch.setattr(da, "BLOCK_KEYS", 16)
         monkeypatch.setattr(da, "MIN_SPLIT_KEYS", min_split)
         monkeypatch.setattr(da, "TARGET_PROGRAMS", 1 << 20)
         monkeypatch.setattr(da, "HOIST_MASK_BLOCK", mask_block)
-        monkeypatch.setattr(da, "ROW_SPLITS", row_splits)
     return backend
 
 
