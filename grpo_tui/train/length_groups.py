@@ -27,8 +27,8 @@ from grpo_tui.runs.metrics import TOKEN_PHASES, valid_share_key
 # compute 1.2-1.3x the real tokens at the benchmarks' realistic lengths (mean 35% of the cap, 10% of rows at it;
 # 150-token prompts), against 2.2-2.6x padded.
 GROUPS = 4
-# Packed, no group computes padding, so more groups only lower the activation peak, and each forward's fixed cost
-# (PEFT's and autograd's Python, kernel launches, FSDP's hooks) is paid again per group. Measured on an H100
+# Packed, no group computes padding, so more groups only lower the activation peak, and each forward's fixed costs
+# (host-side Python, kernel launches, FSDP's hooks) are paid again per group. Measured on an H100
 # (Qwen3-1.7B shape, LoRA, 32 x 256): the loss phase took 2.6 s in four groups against 1.1 s in one, with or
 # without FSDP2, for a peak 2.8 GiB higher (benchmarks/results/fsdp-rollouts-h100/).
 PACKED_GROUPS = 1
