@@ -195,8 +195,8 @@ for phase in "$@"; do
       # The decoder's settings side by side, each in its own process: the decode kernel's grid at the rollouts'
       # masks (rows from a left-padding offset below 200), then graph rollouts at DECODEAB_BATCHES x 256 (default
       # 128,16), one profiled at 128, per variant. DECODEAB_VARIANTS: NAME=ARGS items, ARGS generation_bench.py's
-      # --attention and --inductor with ':' for spaces (default: base, the splits cut from each row's run, the
-      # GEMMs autotuned by inductor); NAME@SECONDS=ARGS gives that variant its own limit (default DECODEAB_TIMEOUT).
+      # --attention and --inductor with ':' for spaces (default: base, and the GEMMs autotuned by inductor with 240 s
+      # for its compiles); NAME@SECONDS=ARGS gives that variant its own limit (default DECODEAB_TIMEOUT).
       # The variants named in DECODEAB_CODE (default base) log inductor's generated code (TORCH_LOGS=output_code)
       # into their .log: which ops each decode-step kernel fuses. DECODEAB_GRID=none skips the kernel grid.
       build_model || exit 1

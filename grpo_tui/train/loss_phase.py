@@ -200,7 +200,12 @@ class LossPhaseMixin:
         lengths = completion_lengths(inputs["completion_mask"])
         if slicing_problems(self):
             return [RowGroup(list(range(batch)), max(1, max(lengths, default=1)))]
-        return length_groups(lengths, self.loss_sub_batch, self.max_completion_length, self.group_count)
+        return self.row_groups(lengths, self.loss_sub_batch)
+
+    def row_groups(self, lengths: list[int], max_rows: int | None) -> list[RowGroup]:
+        """The length groups of a scoring batch or loss micro-batch with these completion lengths: `group_count`
+        of them, none over `max_rows` rows (`length_groups.length_groups`)."""
+        return length_groups(lengths, max_rows, self.max_completion_length, self.group_count)
 
     @property
     def group_count(self) -> int:

@@ -20,7 +20,7 @@ from grpo_tui.losses.base import peft_base
 from grpo_tui.losses.packing import packing_refusal
 from grpo_tui.train.decode_attention import training_attention
 from grpo_tui.train.layer_compile import compile_layers
-from grpo_tui.train.length_groups import TokenCounts, completion_lengths, computed_positions, length_groups
+from grpo_tui.train.length_groups import TokenCounts, completion_lengths, computed_positions
 from grpo_tui.train.loss_phase import LossPhaseMixin, slice_bounds
 from grpo_tui.train.options import TrainerOptions
 
@@ -192,10 +192,10 @@ class GrpoTuiTrainer(LossPhaseMixin, GRPOTrainer):
 
     def _score_grouped(self, model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy):
         """Scoring with rows grouped by completion length, each group cut after its longest completion
-        (grpo.padding_free; `length_groups` picks the groups, none over `batch_size` rows); cut columns come back 0."""
+        (grpo.padding_free; `row_groups` picks the groups, none over `batch_size` rows); cut columns come back 0."""
         rows, prompt_width = input_ids.size(0), input_ids.size(1) - logits_to_keep
         lengths = completion_lengths(attention_mask[:, prompt_width:])
-        groups = length_groups(lengths, batch_size or rows, self.max_completion_length, self.group_count)
+        groups = self.row_groups(lengths, batch_size or rows)
         logps = entropies = None
         for group in groups:
             index = torch.tensor(group.rows, device=input_ids.device)
