@@ -286,6 +286,10 @@ def kernel_kinds(prof: Any, wall_s: float) -> dict[str, Any]:
     }
 
 
+# --blas: torch's own choice, or the library torch.backends.cuda.preferred_blas_library is told to prefer
+BLAS_LIBRARIES = ("default", "cublas", "cublaslt")
+
+
 def decode_options(inductor_text: str, attention_text: str) -> tuple[list[str], dict[str, int]]:
     """Set what --inductor and --attention ask for (the graph decoder's compile options, the decode kernel's
     settings) and return them as the result records them; a one-line ValueError for names or values not allowed."""
@@ -370,6 +374,14 @@ def main(argv: list[str] | None = None) -> int:
         help="settings of grpo_kernels' decode attention for every rollout (names as decode_attention_bench.py's "
         "grid: block, stages, warps, target); default the kernel's own",
     )
+    parser.add_argument(
+        "--blas",
+        choices=BLAS_LIBRARIES,
+        default="default",
+        help="the BLAS library torch's matrix products prefer in every rollout (torch.backends.cuda."
+        "preferred_blas_library): cuBLASLt's heuristics may split K where cuBLAS runs a decode step's small GEMMs on "
+        "a few SMs; default torch's own choice",
+    )
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     try:
@@ -379,6 +391,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.fresh.isdecimal():
         parser.error(f"--fresh: got {args.fresh!r}; allowed: a whole number of rollouts, 0 or more")
     fresh = int(args.fresh)
+    if args.blas != "default":
+        torch.backends.cuda.preferred_blas_library(args.blas)
     began = time.perf_counter()
     device = torch.device(args.device)
     batch_text = args.batches or ("4,8" if args.tiny else "16,128,512")
@@ -420,6 +434,7 @@ def main(argv: list[str] | None = None) -> int:
         "new_tokens": new_tokens,
         "inductor_options": inductor,
         "attention_settings": attention,
+        "blas": args.blas,
         "copy_bandwidth_gb_s": bandwidth / 1e9,
         "throughput": [],
         "profiles": [],

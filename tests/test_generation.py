@@ -573,6 +573,11 @@ def test_benchmark_refuses_a_bad_decode_option_in_one_line(tmp_path: Path, capsy
         bench.main(["--device", "cpu", "--tiny", "--attention", "warps=0", "--out", str(tmp_path)])
     assert exit_info.value.code == 2
     assert "--attention: got 'warps=0'; allowed: NAME=INT" in capsys.readouterr().err.splitlines()[-1]
+    with pytest.raises(SystemExit) as exit_info:
+        bench.main(["--device", "cpu", "--tiny", "--blas", "mkl", "--out", str(tmp_path)])
+    assert exit_info.value.code == 2
+    last = capsys.readouterr().err.splitlines()[-1]
+    assert "--blas: invalid choice: 'mkl'" in last and "'cublaslt'" in last
     assert not (tmp_path / "generation-bench.json").exists()
 
 
