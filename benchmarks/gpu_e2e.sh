@@ -195,9 +195,10 @@ for phase in "$@"; do
       # The decoder's settings side by side, each in its own process: the decode kernel's grid at the rollouts'
       # masks (rows from a left-padding offset below 200), then graph rollouts at DECODEAB_BATCHES x 256 (default
       # 128,16), one profiled at 128, per variant. DECODEAB_VARIANTS: NAME=ARGS items, ARGS generation_bench.py's
-      # --attention, --inductor and --blas with ':' for spaces (default: base, torch's GEMMs through cuBLASLt, and
-      # the GEMMs autotuned by inductor with 240 s for its compiles); NAME@SECONDS=ARGS gives that variant its own
-      # limit (default DECODEAB_TIMEOUT).
+      # --attention, --inductor and --blas with ':' for spaces (default: base; torch's GEMMs through cuBLASLt;
+      # inductor's combo kernels, which launch independent kernels as one, such as each layer's q, k and v
+      # preparation; the GEMMs autotuned by inductor, with 240 s for its compiles); NAME@SECONDS=ARGS gives that
+      # variant its own limit (default DECODEAB_TIMEOUT).
       # The variants named in DECODEAB_CODE (default base) log inductor's generated code (TORCH_LOGS=output_code)
       # into their .log: which ops each decode-step kernel fuses. DECODEAB_GRID=none skips the kernel grid.
       build_model || exit 1
@@ -208,7 +209,7 @@ for phase in "$@"; do
           --out "$OUT/decodeab/attention" > "$OUT/decodeab/attention.log" 2>&1
         grep '^{' "$OUT/decodeab/attention.log" | cut -c1-300
       fi
-      for item in ${DECODEAB_VARIANTS:-base= lt=--blas:cublaslt autotune@240=--inductor:max_autotune}; do
+      for item in ${DECODEAB_VARIANTS:-base= lt=--blas:cublaslt combo=--inductor:combo_kernels autotune@240=--inductor:max_autotune_gemm}; do
         name=${item%%=*}; args=${item#*=}; limit=${DECODEAB_TIMEOUT:-150}
         if [[ $name == *@* ]]; then limit=${name#*@}; name=${name%%@*}; fi
         # An empty TORCH_LOGS stops torch at import: set it only where asked
