@@ -286,7 +286,7 @@ def kernel_kinds(prof: Any, wall_s: float) -> dict[str, Any]:
     }
 
 
-# --blas: torch's own choice, or the library torch.backends.cuda.preferred_blas_library is told to prefer
+# --blas: torch's own choice, or the library the graph decoder prefers (generation.DECODE_BLAS)
 BLAS_LIBRARIES = ("default", "cublas", "cublaslt")
 
 
@@ -378,9 +378,8 @@ def main(argv: list[str] | None = None) -> int:
         "--blas",
         choices=BLAS_LIBRARIES,
         default="default",
-        help="the BLAS library torch's matrix products prefer in every rollout (torch.backends.cuda."
-        "preferred_blas_library): cuBLASLt's heuristics may split K where cuBLAS runs a decode step's small GEMMs on "
-        "a few SMs; default torch's own choice",
+        help="the BLAS library the graph decoder's matrix products prefer (generation.DECODE_BLAS): cuBLASLt's "
+        "heuristics may split K where cuBLAS runs a decode step's small GEMMs on a few SMs; default torch's own",
     )
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
@@ -392,7 +391,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--fresh: got {args.fresh!r}; allowed: a whole number of rollouts, 0 or more")
     fresh = int(args.fresh)
     if args.blas != "default":
-        torch.backends.cuda.preferred_blas_library(args.blas)
+        from grpo_tui.train import generation
+
+        generation.DECODE_BLAS = args.blas
     began = time.perf_counter()
     device = torch.device(args.device)
     batch_text = args.batches or ("4,8" if args.tiny else "16,128,512")

@@ -728,6 +728,36 @@ def test_decode_steps_can_be_held_to_chosen_sdpa_kernels(model: torch.nn.Module)
     assert "\n" not in str(error.value)
 
 
+@pytest.mark.parametrize("library", [None, "cublaslt"])
+def test_decode_steps_prefer_the_blas_library_asked_for_and_leave_it_after(
+    model: torch.nn.Module, monkeypatch, library: str | None
+) -> None:
+    from grpo_tui.train import generation
+
+    # torch's preference as a plain value: a CPU build refuses cuBLASLt, and cuBLAS is its default already
+    preference = {"now": "cublas", "sets": 0}
+
+    def preferred_blas_library(backend=None):
+        if backend is not None:
+            preference["now"], preference["sets"] = backend, preference["sets"] + 1
+        return preference["now"]
+
+    during = []
+
+    def take(*args, **kwargs):
+        during.append(preference["now"])
+        return decode_and_take(*args, **kwargs)
+
+    monkeypatch.setattr(torch.backends.cuda, "preferred_blas_library", preferred_blas_library)
+    monkeypatch.setattr(generation, "decode_and_take", take)
+    monkeypatch.setattr(generation, "DECODE_BLAS", library)
+    got = decode(StaticDecoder(use_graph=False), model, EOS, Sampling(greedy=True))
+    assert got == reference(model, PROMPTS, EOS, do_sample=False)
+    assert during and set(during) == {library or "cublas"}
+    assert preference["now"] == "cublas"  # restored after the rollout
+    assert preference["sets"] == (0 if library is None else 2)
+
+
 def test_benchmark_measures_each_batch_after_releasing_the_previous_bucket() -> None:
     # The peak is read against the memory held before the call: a bucket left from the previous batch would
     # be freed inside the call and understate the peak by its size

@@ -28,7 +28,8 @@ hold it to `model.generate` token for token (greedy, and sampled under one seed)
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, NamedTuple
 
 import torch
@@ -65,6 +66,11 @@ FINISH_CHECK_EVERY = 8
 WARMUP_STEPS = 3
 # torch.compile's inductor options for the compiled token step (None: its defaults); benchmarks set it to compare
 DECODE_COMPILE_OPTIONS: dict[str, Any] | None = None
+# The BLAS library the decoder's matrix products prefer (`torch.backends.cuda.preferred_blas_library`: "cublas",
+# "cublaslt"), or None: torch's own. Held around every rollout only, where a captured graph keeps the kernels
+# chosen when it was captured; benchmarks set it to compare (a decode step's GEMMs are small, and cuBLAS runs
+# some on a few SMs).
+DECODE_BLAS: str | None = None
 
 
 class Completions(NamedTuple):
@@ -72,6 +78,20 @@ class Completions(NamedTuple):
 
     ids: list[list[int]]
     logprobs: list[list[float]]
+
+
+@contextmanager
+def preferred_blas(name: str | None) -> Iterator[None]:
+    """torch's matrix products prefer the BLAS library `name` inside the block (None: no change)."""
+    if name is None:
+        yield
+        return
+    previous = torch.backends.cuda.preferred_blas_library()
+    torch.backends.cuda.preferred_blas_library(name)
+    try:
+        yield
+    finally:
+        torch.backends.cuda.preferred_blas_library(previous)
 
 
 def _round_up(value: int, multiple: int) -> int:
@@ -158,7 +178,8 @@ class StaticDecoder:
         sdpa, which later rollouts keep, after a one-line reason to `on_kernel_failure`; out of memory is raised."""
         while True:
             try:
-                with folded_heads(model), attention_context(self._sdpa):  # captured with them, so replays keep them
+                # captured with them, so replays keep them
+                with folded_heads(model), attention_context(self._sdpa), preferred_blas(DECODE_BLAS):
                     return self._generate(model, prompt_ids, max_new_tokens, eos_ids, pad_id, sampling, lengths)
             except Exception as exc:
                 if TRITON_DECODE not in self._sdpa or isinstance(exc, torch.OutOfMemoryError):
