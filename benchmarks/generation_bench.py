@@ -378,8 +378,8 @@ def main(argv: list[str] | None = None) -> int:
         "--blas",
         choices=BLAS_LIBRARIES,
         default="default",
-        help="the BLAS library the graph decoder's matrix products prefer (generation.DECODE_BLAS): cuBLASLt's "
-        "heuristics may split K where cuBLAS runs a decode step's small GEMMs on a few SMs; default torch's own",
+        help="the BLAS library the graph decoder's matrix products prefer (generation.DECODE_BLAS; each library's "
+        "heuristics pick their own tiles and K splits for a decode step's small GEMMs); default torch's own",
     )
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)

@@ -68,8 +68,8 @@ WARMUP_STEPS = 3
 DECODE_COMPILE_OPTIONS: dict[str, Any] | None = None
 # The BLAS library the decoder's matrix products prefer (`torch.backends.cuda.preferred_blas_library`: "cublas",
 # "cublaslt"), or None: torch's own. Held around every rollout only, where a captured graph keeps the kernels
-# chosen when it was captured; benchmarks set it to compare (a decode step's GEMMs are small, and cuBLAS runs
-# some on a few SMs).
+# chosen when it was captured. Benchmarks set it to compare: a decode step's GEMMs are a few rows by a few
+# thousand columns, far from the memory bandwidth, and each library's heuristics pick their tiles and K splits.
 DECODE_BLAS: str | None = None
 
 
