@@ -176,18 +176,19 @@ class StaticDecoder:
         lengths[i]-th token at the latest.
         If a rollout fails on grpo_kernels' decode kernel (e.g. a GPU it does not compile for), it runs again on
         sdpa, which later rollouts keep, after a one-line reason to `on_kernel_failure`; out of memory is raised."""
-        while True:
-            try:
-                # captured with them, so replays keep them
-                with folded_heads(model), attention_context(self._sdpa), preferred_blas(DECODE_BLAS):
-                    return self._generate(model, prompt_ids, max_new_tokens, eos_ids, pad_id, sampling, lengths)
-            except Exception as exc:
-                if TRITON_DECODE not in self._sdpa or isinstance(exc, torch.OutOfMemoryError):
-                    raise
-                self._sdpa = tuple(name for name in self._sdpa if name != TRITON_DECODE)
-                self.release()
-                if self._on_kernel_failure is not None:
-                    self._on_kernel_failure(labelled_failure("decode attention kernel failed", exc))
+        # Outside the retry: a library torch refuses is not the decode kernel failing
+        with preferred_blas(DECODE_BLAS):
+            while True:
+                try:
+                    with folded_heads(model), attention_context(self._sdpa):  # captured with them: replays keep them
+                        return self._generate(model, prompt_ids, max_new_tokens, eos_ids, pad_id, sampling, lengths)
+                except Exception as exc:
+                    if TRITON_DECODE not in self._sdpa or isinstance(exc, torch.OutOfMemoryError):
+                        raise
+                    self._sdpa = tuple(name for name in self._sdpa if name != TRITON_DECODE)
+                    self.release()
+                    if self._on_kernel_failure is not None:
+                        self._on_kernel_failure(labelled_failure("decode attention kernel failed", exc))
 
     def _generate(self, model, prompt_ids, max_new_tokens, eos_ids, pad_id, sampling, lengths) -> Completions:
         device = next(model.parameters()).device
