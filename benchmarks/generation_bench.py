@@ -290,9 +290,10 @@ def kernel_kinds(prof: Any, wall_s: float) -> dict[str, Any]:
 BLAS_LIBRARIES = ("default", "cublas", "cublaslt")
 
 
-def decode_options(inductor_text: str, attention_text: str) -> tuple[list[str], dict[str, int]]:
-    """Set what --inductor and --attention ask for (the graph decoder's compile options, the decode kernel's
-    settings) and return them as the result records them; a one-line ValueError for names or values not allowed."""
+def decode_options(inductor_text: str, attention_text: str, blas: str = "default") -> tuple[list[str], dict[str, int]]:
+    """Set what --inductor, --attention and --blas ask for (the graph decoder's compile options, the decode kernel's
+    settings, the BLAS library it prefers) and return the first two as the result records them; a one-line
+    ValueError for names or values not allowed."""
     import decode_attention_bench
 
     inductor = [name for name in inductor_text.split(",") if name]
@@ -315,6 +316,7 @@ def decode_options(inductor_text: str, attention_text: str) -> tuple[list[str], 
     from grpo_tui.train import generation
 
     generation.DECODE_COMPILE_OPTIONS = dict.fromkeys(inductor, True) if inductor else None
+    generation.DECODE_BLAS = None if blas == "default" else blas
     decode_attention_bench.apply(attention)
     return inductor, attention
 
@@ -384,16 +386,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     try:
-        inductor, attention = decode_options(args.inductor, args.attention)
+        inductor, attention = decode_options(args.inductor, args.attention, args.blas)
     except ValueError as error:
         parser.error(str(error))
     if not args.fresh.isdecimal():
         parser.error(f"--fresh: got {args.fresh!r}; allowed: a whole number of rollouts, 0 or more")
     fresh = int(args.fresh)
-    if args.blas != "default":
-        from grpo_tui.train import generation
-
-        generation.DECODE_BLAS = args.blas
     began = time.perf_counter()
     device = torch.device(args.device)
     batch_text = args.batches or ("4,8" if args.tiny else "16,128,512")
